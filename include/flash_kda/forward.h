@@ -1,0 +1,118 @@
+// The KDA forward: one call description, its validation, the GPU entry point and the CPU
+// reference. The function computed is defined in docs/kda-spec.md (Kimi Linear, arXiv
+// 2510.26692; fla.ops.kda.naive_recurrent_kda / chunk_kda).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+
+#include "flash_kda/error.h"
+#include "flash_kda/tensor.h"
+
+struct CUstream_st;
+
+namespace flash_kda {
+
+/// A CUDA stream (identical to cudaStream_t); nullptr is the legacy default stream.
+using Stream = CUstream_st*;
+
+/// How the per-token, per-channel log decay a_t (natural log, <= 0) is made from g.
+enum class GateMode : int {
+  /// a = lower_bound * sigmoid(exp(A_log) * (g + dt_bias)); without A_log,
+  /// a = lower_bound * sigmoid(g + dt_bias). FlashKDA's only mode ("safe gate").
+  SafeSigmoid,
+  /// a = -exp(A_log) * softplus(g + dt_bias) (fla's default KDA gate; unbounded below).
+  Softplus,
+  /// a = g: the caller already computed the log decay.
+  PreGated,
+};
+
+/// Memory layout of initial_state / final_state.
+enum class StateLayout : int {
+  VFirst,  ///< [N, HV, V, K] (stores S^T; FlashKDA and chunk_kda(state_v_first=True))
+  KFirst,  ///< [N, HV, K, V] (stores S)
+};
+
+/// One KDA forward call. Shapes (B batch, T tokens, H q/k heads, HV = G*H value heads,
+/// K key dim, V value dim, N sequences):
+///
+/// | field          | dtype            | fixed length     | varlen (cu_seqlens)     |
+/// |----------------|------------------|------------------|-------------------------|
+/// | q, k           | bf16 or fp32     | [B, T, H, K]     | [1, T_total, H, K]      |
+/// | v              | bf16 or fp32     | [B, T, HV, V]    | [1, T_total, HV, V]     |
+/// | g              | bf16 or fp32     | [B, T, HV, K]    | [1, T_total, HV, K]     |
+/// | beta           | bf16 or fp32     | [B, T, HV]       | [1, T_total, HV]        |
+/// | out            | bf16 (GPU); bf16, fp32 or fp64 (reference) | like v        |
+/// | A_log          | fp32             | [HV]             |                         |
+/// | dt_bias        | fp32             | [HV, K] or [HV*K]|                         |
+/// | cu_seqlens     | int64 or int32   | absent           | [N+1], 0 = cu[0] <= ... <= cu[N] = T_total |
+/// | initial_state  | bf16 or fp32     | [B, HV, V, K] (VFirst) or [B, HV, K, V] | [N, ...] |
+/// | final_state    | same dtype as initial_state when both are given; fp64 allowed by the reference |
+///
+/// Value head hv reads q/k head hv / (HV / H) (GVA). All tensors contiguous, all on one
+/// device. Inputs are never modified; out and final_state are written in full.
+struct ForwardArgs {
+  TensorView q, k, v, g, beta;
+  TensorView out;
+  TensorView A_log;          ///< optional for SafeSigmoid and Softplus; unused for PreGated
+  TensorView dt_bias;        ///< optional; unused for PreGated
+  TensorView cu_seqlens;     ///< optional: varlen batch when given (then B must be 1)
+  TensorView initial_state;  ///< optional: zero state when absent
+  TensorView final_state;    ///< optional: not written when absent
+
+  GateMode gate = GateMode::SafeSigmoid;
+  StateLayout state_layout = StateLayout::VFirst;
+  bool use_qk_l2norm = true;     ///< L2-normalise q and k over K (fp32, eps 1e-6 inside sqrt)
+  bool use_beta_sigmoid = true;  ///< b = sigmoid(beta); else b = beta
+  bool allow_neg_eigval = false; ///< b = 2 * sigmoid(beta) (needs use_beta_sigmoid)
+  std::optional<double> scale;   ///< output scale; default K^-0.5
+  double lower_bound = -5.0;     ///< safe-gate floor, natural-log units, in [-5, 0)
+};
+
+/// Sizes derived from a validated call.
+struct ProblemShape {
+  int64_t batch = 0;        ///< B (1 for varlen)
+  int64_t seqlen = 0;       ///< T (T_total for varlen)
+  int64_t num_seqs = 0;     ///< N: B, or len(cu_seqlens) - 1
+  int64_t heads = 0;        ///< H (q/k heads)
+  int64_t value_heads = 0;  ///< HV
+  int64_t head_dim_k = 0;   ///< K
+  int64_t head_dim_v = 0;   ///< V
+  bool varlen = false;
+  double scale = 0.0;       ///< the scale actually applied
+};
+
+/// Where a call will run; decides which dtypes, devices and sizes are acceptable.
+enum class Target : int {
+  CpuReference,  ///< reference_forward: host tensors, any K and V, every gate mode and flag
+  Sm90,          ///< forward(): CUDA tensors on an sm_90 device, the kernel's supported subset
+};
+
+/// Checks every argument of `args` for `target` and returns the derived sizes.
+/// Throws flash_kda::Error naming the first bad argument and what was expected. Reads no
+/// tensor data (cu_seqlens values on a GPU are checked by the reference only).
+ProblemShape validate(const ForwardArgs& args, Target target);
+
+/// Bytes of device workspace forward() needs for `args` (a multiple of 256; may be 0).
+/// Throws flash_kda::Error like validate(args, Target::Sm90).
+size_t forward_workspace_size(const ForwardArgs& args);
+
+/// KDA forward on an sm_90 GPU, asynchronously on `stream`.
+///
+/// Validates first (throws flash_kda::Error and writes nothing on bad input), then launches
+/// kernels only: no host synchronisation, no allocation (all scratch lives in `workspace`,
+/// at least forward_workspace_size(args) bytes, 256-byte aligned, on the tensors' device),
+/// so the call can be captured in a CUDA graph. Results are bitwise deterministic.
+/// Supported subset today: K = V = 128; bf16 q, k, v, g, beta, out; SafeSigmoid gate;
+/// use_qk_l2norm and use_beta_sigmoid on; allow_neg_eigval off; VFirst states (bf16 or fp32).
+/// Throws flash_kda::CudaError if a launch fails.
+void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, Stream stream);
+
+/// The exact CPU reference: evaluates the recurrence of docs/kda-spec.md token by token in
+/// fp64 (inputs read as given, bf16 widened exactly), using up to `num_threads` threads over
+/// (sequence, value head) pairs (0 = hardware concurrency). Host tensors only; every gate
+/// mode, flag, GVA, varlen (zero-length sequences pass their state through), any K and V,
+/// both state layouts. cu_seqlens values are checked here (Error on a bad one).
+void reference_forward(const ForwardArgs& args, int num_threads = 0);
+
+}  // namespace flash_kda

@@ -1,0 +1,20 @@
+// Host-side launch logic of the sm_90a forward: workspace layout, split heuristics, kernel
+// sequence. The only file that knows how the stages fit together.
+#pragma once
+
+#include <cstddef>
+
+#include "flash_kda/forward.h"
+
+namespace flash_kda::sm90 {
+
+/// Workspace bytes for a validated problem (multiple of 256).
+size_t workspace_bytes(const ProblemShape& p);
+
+/// Launches the forward on `stream`. `args` is validated for Target::Sm90 and `workspace`
+/// holds at least workspace_bytes(p). Throws CudaError on launch failure, Error when the
+/// tensors' device is not compute capability 9.0.
+void launch_forward(const ForwardArgs& args, const ProblemShape& p, void* workspace,
+                    size_t workspace_bytes, Stream stream);
+
+}  // namespace flash_kda::sm90

@@ -1,0 +1,1 @@
+// stage: prepare (to be written)

@@ -1,0 +1,1 @@
+// stage: recurrence (to be written)
