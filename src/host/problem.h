@@ -1,11 +1,19 @@
 // Internal helpers shared by validation, dispatch and the reference.
 #pragma once
 
+#include <cstdint>
+
 #include "flash_kda/forward.h"
 
 namespace flash_kda::detail {
 
+/// Entry i of a host cu_seqlens tensor (int32 or int64), widened to int64. The caller has
+/// checked dtype, rank and 0 <= i < shape[0] (validate() does).
+int64_t host_cu_seqlens(const TensorView& cu_seqlens, int64_t i);
+
 /// Start token of sequence n (fixed length: n * T; varlen: cu_seqlens[n]) for host tensors.
+/// `args` must have passed validate(); 0 <= n <= p.num_seqs (n == num_seqs gives the end
+/// of the last sequence, so the length of sequence n is start(n + 1) - start(n)).
 int64_t host_seq_start(const ForwardArgs& args, const ProblemShape& p, int64_t n);
 
 }  // namespace flash_kda::detail

@@ -1,5 +1,9 @@
-// TensorView helpers. (stub: owned by the validation work)
+// TensorView helpers: element sizes, names for messages, and packed views.
 #include "flash_kda/tensor.h"
+
+#include <string>
+
+#include "flash_kda/error.h"
 
 namespace flash_kda {
 
@@ -28,6 +32,8 @@ const char* dtype_name(DType t) {
 
 TensorView make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape, DeviceType device,
                        int device_id) {
+  if (shape.size() == 0 || shape.size() > static_cast<size_t>(kMaxDims))
+    throw Error("shape", "rank must be in [1, " + std::to_string(kMaxDims) + "], got " + std::to_string(shape.size()));
   TensorView t;
   t.data = data;
   t.dtype = dtype;

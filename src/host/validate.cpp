@@ -1,22 +1,275 @@
-// Validation of a whole forward call. (stub: to be written)
+// Validation of a whole forward call: every argument, for the target that will run it.
+// Checks run in a fixed order (presence, per-tensor sanity/device/layout, shapes, dtypes,
+// sequences, states, gate and flags, the Sm90 subset, aliasing) so the first error reported is
+// the most basic one. The message list is docs/errors.md.
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "flash_kda/forward.h"
+#include "host/checks.h"
+#include "host/problem.h"
 
 namespace flash_kda {
+namespace {
+
+using detail::check_contiguous;
+using detail::check_dtype;
+using detail::check_rank;
+using detail::check_sane;
+using detail::check_shape;
+using detail::device_str;
+using detail::dims_str;
+using detail::shape_str;
+
+struct Named {
+  const TensorView* t;
+  const char* name;
+};
+
+// Every tensor of the call, in the order errors are reported.
+std::vector<Named> all_tensors(const ForwardArgs& a) {
+  return {{&a.q, "q"},         {&a.k, "k"},           {&a.v, "v"},
+          {&a.g, "g"},         {&a.beta, "beta"},     {&a.out, "out"},
+          {&a.A_log, "A_log"}, {&a.dt_bias, "dt_bias"}, {&a.cu_seqlens, "cu_seqlens"},
+          {&a.initial_state, "initial_state"}, {&a.final_state, "final_state"}};
+}
+
+// The kernels' TMA descriptors and vector loads need 16-byte aligned base addresses.
+constexpr uintptr_t kSm90Alignment = 16;
+
+void check_placement(const ForwardArgs& a, Target target) {
+  for (const Named& n : all_tensors(a)) {
+    const TensorView& t = *n.t;
+    if (!t.defined()) continue;
+    check_sane(t, n.name);
+    if (target == Target::CpuReference) {
+      if (t.device != DeviceType::CPU)
+        throw Error(n.name, "is on " + device_str(t) + ", the CPU reference (reference_forward) needs host tensors");
+    } else {
+      if (t.device != DeviceType::CUDA)
+        throw Error(n.name, "is on the host, a CUDA tensor is needed (forward() runs on the GPU)");
+      if (t.device_id != a.q.device_id)
+        throw Error(n.name, "q is on " + device_str(a.q) + " but " + n.name + " on " + device_str(t) +
+                                "; all tensors must be on one device");
+      if (t.numel() > 0 && reinterpret_cast<uintptr_t>(t.data) % kSm90Alignment != 0)
+        throw Error(n.name, "data pointer must be 16-byte aligned for the Sm90 kernels");
+    }
+    check_contiguous(t, n.name);
+  }
+}
+
+// Sizes from q and v; the rest of the activations must agree with them.
+void check_activation_shapes(const ForwardArgs& a, ProblemShape& p) {
+  check_rank(a.q, "q", 4, "[B, T, H, K]");
+  p.batch = a.q.shape[0];
+  p.seqlen = a.q.shape[1];
+  p.heads = a.q.shape[2];
+  p.head_dim_k = a.q.shape[3];
+  if (p.batch <= 0) throw Error("q", "batch B = q.shape[0] must be > 0, got shape " + shape_str(a.q));
+  if (p.heads <= 0) throw Error("q", "heads H = q.shape[2] must be > 0, got shape " + shape_str(a.q));
+  if (p.head_dim_k <= 0) throw Error("q", "head dim K = q.shape[3] must be > 0, got shape " + shape_str(a.q));
+  check_shape(a.k, "k", {p.batch, p.seqlen, p.heads, p.head_dim_k}, "[B, T, H, K]", "like q");
+
+  check_rank(a.v, "v", 4, "[B, T, HV, V]");
+  if (a.v.shape[0] != p.batch || a.v.shape[1] != p.seqlen)
+    throw Error("v", "expected shape [" + std::to_string(p.batch) + ", " + std::to_string(p.seqlen) +
+                         ", HV, V] (B, T of q), got " + shape_str(a.v));
+  p.value_heads = a.v.shape[2];
+  p.head_dim_v = a.v.shape[3];
+  if (p.value_heads <= 0) throw Error("v", "value heads HV = v.shape[2] must be > 0, got shape " + shape_str(a.v));
+  if (p.head_dim_v <= 0) throw Error("v", "head dim V = v.shape[3] must be > 0, got shape " + shape_str(a.v));
+  if (p.value_heads % p.heads != 0)
+    throw Error("v", "value heads HV = " + std::to_string(p.value_heads) + " must be a multiple of q/k heads H = " +
+                         std::to_string(p.heads) + " (GVA: value head hv reads q/k head hv / (HV / H))");
+
+  const int64_t B = p.batch, T = p.seqlen, HV = p.value_heads;
+  check_shape(a.g, "g", {B, T, HV, p.head_dim_k}, "[B, T, HV, K]", "from q and v");
+  check_shape(a.beta, "beta", {B, T, HV}, "[B, T, HV]", "from q and v");
+  check_shape(a.out, "out", {B, T, HV, p.head_dim_v}, "[B, T, HV, V]", "like v");
+}
+
+void check_activation_dtypes(const ForwardArgs& a, Target target) {
+  if (target == Target::Sm90) {
+    const char* why = "the Sm90 kernels read bf16 q, k, v; use reference_forward for fp32";
+    check_dtype(a.q, "q", {DType::BF16}, why);
+    check_dtype(a.k, "k", {DType::BF16}, why);
+    check_dtype(a.v, "v", {DType::BF16}, why);
+    check_dtype(a.out, "out", {DType::BF16}, "the Sm90 kernels write bf16 out");
+  } else {
+    check_dtype(a.q, "q", {DType::BF16, DType::F32});
+    check_dtype(a.k, "k", {DType::BF16, DType::F32});
+    check_dtype(a.v, "v", {DType::BF16, DType::F32});
+    check_dtype(a.out, "out", {DType::BF16, DType::F32, DType::F64});
+  }
+  check_dtype(a.g, "g", {DType::BF16, DType::F32});
+  check_dtype(a.beta, "beta", {DType::BF16, DType::F32});
+}
+
+// Fills num_seqs; reads cu_seqlens values only where they are on the host (the reference).
+void check_sequences(const ForwardArgs& a, Target target, ProblemShape& p) {
+  p.varlen = a.cu_seqlens.defined();
+  if (!p.varlen) {
+    p.num_seqs = p.batch;
+    return;
+  }
+  const TensorView& cu = a.cu_seqlens;
+  check_dtype(cu, "cu_seqlens", {DType::I64, DType::I32});
+  check_rank(cu, "cu_seqlens", 1, "[N + 1]");
+  if (cu.shape[0] < 2)
+    throw Error("cu_seqlens", "expected length N + 1 >= 2 (at least one sequence), got shape " + shape_str(cu));
+  if (p.batch != 1)
+    throw Error("cu_seqlens", "given with batch B = q.shape[0] = " + std::to_string(p.batch) +
+                                  "; a varlen batch packs all sequences into B = 1");
+  p.num_seqs = cu.shape[0] - 1;
+  // The GPU path cannot read device values without a host sync; the reference checks them.
+  if (target != Target::CpuReference || cu.device != DeviceType::CPU) return;
+  const int64_t first = detail::host_cu_seqlens(cu, 0);
+  if (first != 0) throw Error("cu_seqlens", "cu_seqlens[0] must be 0, got " + std::to_string(first));
+  int64_t prev = first;
+  for (int64_t i = 1; i <= p.num_seqs; ++i) {
+    const int64_t cur = detail::host_cu_seqlens(cu, i);
+    if (cur < prev)
+      throw Error("cu_seqlens", "must be non-decreasing, got cu_seqlens[" + std::to_string(i) + "] = " +
+                                    std::to_string(cur) + " < cu_seqlens[" + std::to_string(i - 1) +
+                                    "] = " + std::to_string(prev));
+    prev = cur;
+  }
+  if (prev != p.seqlen)
+    throw Error("cu_seqlens", "last entry cu_seqlens[N = " + std::to_string(p.num_seqs) +
+                                  "] must equal the total tokens T_total = q.shape[1] = " +
+                                  std::to_string(p.seqlen) + ", got " + std::to_string(prev));
+}
+
+void check_states(const ForwardArgs& a, Target target, const ProblemShape& p) {
+  const bool v_first = a.state_layout == StateLayout::VFirst;
+  const std::vector<int64_t> dims =
+      v_first ? std::vector<int64_t>{p.num_seqs, p.value_heads, p.head_dim_v, p.head_dim_k}
+              : std::vector<int64_t>{p.num_seqs, p.value_heads, p.head_dim_k, p.head_dim_v};
+  const std::string meaning = v_first ? "[N, HV, V, K] (StateLayout::VFirst)" : "[N, HV, K, V] (StateLayout::KFirst)";
+  for (const Named n : {Named{&a.initial_state, "initial_state"}, Named{&a.final_state, "final_state"}}) {
+    if (!n.t->defined()) continue;
+    if (target == Target::Sm90)
+      check_dtype(*n.t, n.name, {DType::BF16, DType::F32});
+    else
+      check_dtype(*n.t, n.name, {DType::BF16, DType::F32, DType::F64});
+    check_shape(*n.t, n.name, dims, meaning, p.varlen ? "with N = len(cu_seqlens) - 1" : "with N = B");
+  }
+  if (a.initial_state.defined() && a.final_state.defined() && a.initial_state.dtype != a.final_state.dtype)
+    throw Error("final_state", std::string("dtype must equal initial_state's (") + dtype_name(a.initial_state.dtype) +
+                                   "), got " + dtype_name(a.final_state.dtype));
+}
+
+void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
+  if (a.gate != GateMode::SafeSigmoid && a.gate != GateMode::Softplus && a.gate != GateMode::PreGated)
+    throw Error("gate", "expected SafeSigmoid, Softplus or PreGated, got value " + std::to_string(static_cast<int>(a.gate)));
+  if (a.gate == GateMode::PreGated) {
+    // Silently ignoring them would hide a caller who believes the gate is being applied.
+    if (a.A_log.defined()) throw Error("A_log", "is unused with GateMode::PreGated (a = g); pass an absent tensor");
+    if (a.dt_bias.defined()) throw Error("dt_bias", "is unused with GateMode::PreGated (a = g); pass an absent tensor");
+  }
+  if (target == Target::Sm90 && a.gate == GateMode::SafeSigmoid) {
+    if (!a.A_log.defined()) throw Error("A_log", "is required by the Sm90 safe gate (fp32 [HV]), got an absent tensor");
+    if (!a.dt_bias.defined()) throw Error("dt_bias", "is required by the Sm90 safe gate (fp32 [HV, K]), got an absent tensor");
+  }
+  if (a.A_log.defined()) {
+    check_dtype(a.A_log, "A_log", {DType::F32});
+    check_shape(a.A_log, "A_log", {p.value_heads}, "[HV]", "from v");
+  }
+  if (a.dt_bias.defined()) {
+    check_dtype(a.dt_bias, "dt_bias", {DType::F32});
+    const int64_t HV = p.value_heads, K = p.head_dim_k;
+    const bool ok = (a.dt_bias.ndim == 2 && a.dt_bias.shape[0] == HV && a.dt_bias.shape[1] == K) ||
+                    (a.dt_bias.ndim == 1 && a.dt_bias.shape[0] == HV * K);
+    if (!ok)
+      throw Error("dt_bias", "expected shape " + dims_str({HV, K}) + " [HV, K] or " + dims_str({HV * K}) +
+                                 " [HV*K], got " + shape_str(a.dt_bias));
+  }
+  if (a.gate == GateMode::SafeSigmoid && !(a.lower_bound >= -5.0 && a.lower_bound < 0.0))
+    throw Error("lower_bound", "must be in [-5, 0) for the safe gate, got " + std::to_string(a.lower_bound));
+}
+
+void check_flags(const ForwardArgs& a) {
+  if (a.allow_neg_eigval && !a.use_beta_sigmoid)
+    throw Error("allow_neg_eigval", "needs use_beta_sigmoid (b = 2 * sigmoid(beta)); got use_beta_sigmoid = false");
+  if (a.state_layout != StateLayout::VFirst && a.state_layout != StateLayout::KFirst)
+    throw Error("state_layout", "expected VFirst or KFirst, got value " + std::to_string(static_cast<int>(a.state_layout)));
+  if (a.scale && !(std::isfinite(*a.scale) && *a.scale > 0.0))
+    throw Error("scale", "must be finite and > 0 when given, got " + std::to_string(*a.scale));
+}
+
+// What the sm_90a kernels implement today; everything else runs on the reference only.
+void check_sm90_subset(const ForwardArgs& a, const ProblemShape& p) {
+  const std::string subset =
+      "Sm90 supports K = V = 128, GateMode::SafeSigmoid, use_qk_l2norm, use_beta_sigmoid, "
+      "no allow_neg_eigval and StateLayout::VFirst; use reference_forward otherwise";
+  if (p.head_dim_k != 128) throw Error("q", "head dim K = " + std::to_string(p.head_dim_k) + " unsupported: " + subset);
+  if (p.head_dim_v != 128) throw Error("v", "head dim V = " + std::to_string(p.head_dim_v) + " unsupported: " + subset);
+  if (a.gate != GateMode::SafeSigmoid) throw Error("gate", "unsupported: " + subset);
+  if (!a.use_qk_l2norm) throw Error("use_qk_l2norm", "false is unsupported: " + subset);
+  if (!a.use_beta_sigmoid) throw Error("use_beta_sigmoid", "false is unsupported: " + subset);
+  if (a.allow_neg_eigval) throw Error("allow_neg_eigval", "true is unsupported: " + subset);
+  if (a.state_layout != StateLayout::VFirst) throw Error("state_layout", "KFirst is unsupported: " + subset);
+
+  // Chunk slots (16-token chunks plus one per sequence) and grid dims are 32-bit in the kernels.
+  constexpr int64_t kInt32Limit = int64_t{1} << 31;
+  const int64_t total = p.batch * p.seqlen;
+  if (p.num_seqs >= kInt32Limit)
+    throw Error(p.varlen ? "cu_seqlens" : "q", "N = " + std::to_string(p.num_seqs) + " sequences must be < 2^31 for Sm90");
+  if (p.value_heads > 65535)
+    throw Error("v", "value heads HV = " + std::to_string(p.value_heads) + " must be <= 65535 (a CUDA grid dimension) for Sm90");
+  const int64_t slots = p.num_seqs + (total + 15) / 16;
+  if (slots > (kInt32Limit - 1) / p.value_heads)
+    throw Error("q", "(N + ceil(T_total / 16)) * HV = " + std::to_string(slots) + " * " + std::to_string(p.value_heads) +
+                         " must be < 2^31 (32-bit chunk indexing of the Sm90 kernels)");
+}
+
+// Outputs are written while inputs are still being read, so any overlap is a race; the one
+// exception is an exact in-place state update, which every target reads before it writes.
+void check_aliasing(const ForwardArgs& a) {
+  const std::vector<Named> inputs = {{&a.q, "q"},         {&a.k, "k"},
+                                     {&a.v, "v"},         {&a.g, "g"},
+                                     {&a.beta, "beta"},   {&a.A_log, "A_log"},
+                                     {&a.dt_bias, "dt_bias"}, {&a.cu_seqlens, "cu_seqlens"},
+                                     {&a.initial_state, "initial_state"}};
+  for (const Named& in : inputs)
+    if (in.t->defined() && detail::overlaps(a.out, *in.t))
+      throw Error("out", std::string("overlaps input ") + in.name + "; out must be a separate buffer");
+  if (!a.final_state.defined()) return;
+  if (detail::overlaps(a.out, a.final_state))
+    throw Error("out", "overlaps final_state; the two outputs must be separate buffers");
+  for (const Named& in : inputs) {
+    if (!in.t->defined() || !detail::overlaps(a.final_state, *in.t)) continue;
+    if (in.t == &a.initial_state) {
+      // Shapes and dtypes already agree (check_states), so the same pointer means the same tensor.
+      if (a.final_state.data == a.initial_state.data) continue;
+      throw Error("final_state", "overlaps initial_state partially; an in-place state update needs final_state to be "
+                                 "exactly initial_state (same pointer, shape and dtype)");
+    }
+    throw Error("final_state", std::string("overlaps input ") + in.name + "; final_state must be a separate buffer "
+                               "(or exactly initial_state, for an in-place update)");
+  }
+}
+
+}  // namespace
 
 ProblemShape validate(const ForwardArgs& args, Target target) {
-  (void)target;
+  if (target != Target::CpuReference && target != Target::Sm90)
+    throw Error("target", "expected Target::CpuReference or Target::Sm90");
+  for (const Named& n : {Named{&args.q, "q"}, Named{&args.k, "k"}, Named{&args.v, "v"}, Named{&args.g, "g"},
+                         Named{&args.beta, "beta"}, Named{&args.out, "out"}})
+    detail::require_present(*n.t, n.name);
+  check_placement(args, target);
   ProblemShape p;
-  p.batch = args.q.shape[0];
-  p.seqlen = args.q.shape[1];
-  p.heads = args.q.shape[2];
-  p.head_dim_k = args.q.shape[3];
-  p.value_heads = args.v.shape[2];
-  p.head_dim_v = args.v.shape[3];
-  p.varlen = args.cu_seqlens.defined();
-  p.num_seqs = p.varlen ? args.cu_seqlens.shape[0] - 1 : p.batch;
-  p.scale = args.scale ? *args.scale : 1.0 / std::sqrt(double(p.head_dim_k));
+  check_activation_shapes(args, p);
+  check_activation_dtypes(args, target);
+  check_sequences(args, target, p);
+  check_flags(args);
+  check_states(args, target, p);
+  check_gate(args, target, p);
+  if (target == Target::Sm90) check_sm90_subset(args, p);
+  check_aliasing(args);
+  p.scale = args.scale ? *args.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim_k));
   return p;
 }
 
