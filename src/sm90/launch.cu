@@ -1,7 +1,136 @@
+// Launch logic of the sm_90a forward: workspace layout, windows over chunk slots, the value
+// split of the recurrence, and the kernel sequence.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
 #include "sm90/launch.h"
+#include "sm90/params.h"
+
 namespace flash_kda::sm90 {
-size_t workspace_bytes(const ProblemShape&) { return 0; }
-void launch_forward(const ForwardArgs&, const ProblemShape&, void*, size_t, Stream) {
-  throw Error("device", "kernels not written yet");
+namespace {
+
+// Chunk records take ~5x the bytes of q, so very long inputs are processed in windows of
+// chunk slots with a bounded workspace; the state of the one sequence that crosses a window
+// boundary is carried in fp32 (two buffers, alternating, so a window never reads the carry
+// it is writing).
+constexpr size_t kRecordBudget = size_t(2) << 30;
+constexpr int64_t kMinWindowSlots = 256;
+
+struct Plan {
+  int64_t total_slots, window_slots, num_windows;
+  size_t records_bytes, carry_bytes;
+};
+
+Plan make_plan(const ProblemShape& p) {
+  Plan plan;
+  plan.total_slots = p.num_seqs + (p.batch * p.seqlen + kChunk - 1) / kChunk;
+  const int64_t per_slot = p.value_heads * int64_t(kRecordBytes);
+  plan.window_slots = std::min<int64_t>(plan.total_slots,
+                                        std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget) / per_slot));
+  plan.window_slots = std::max<int64_t>(plan.window_slots, 1);
+  plan.num_windows = (plan.total_slots + plan.window_slots - 1) / plan.window_slots;
+  plan.records_bytes = size_t(plan.window_slots) * size_t(per_slot);
+  plan.carry_bytes = plan.num_windows > 1 ? 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float) : 0;
+  return plan;
 }
+
+size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Value columns per block (x16 per warp): as few blocks as keep every SM busy, since each
+// block re-reads the chunk's key-side record from L2.
+int pick_warps_per_block(const ProblemShape& p, int num_sms) {
+  const int64_t pairs = p.num_seqs * p.value_heads;
+  for (int nw : {8, 4, 2}) {
+    if (pairs * (kHeadDim / (16 * nw)) >= num_sms) return nw;
+  }
+  return 1;
+}
+
+// Makes `device` current for the launches and restores the caller's device afterwards.
+struct DeviceGuard {
+  int previous = -1;
+  explicit DeviceGuard(int device) {
+    check(cudaGetDevice(&previous), "cudaGetDevice");
+    if (previous != device) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous) cudaSetDevice(previous);
+  }
+};
+
+}  // namespace
+
+size_t workspace_bytes(const ProblemShape& p) {
+  const Plan plan = make_plan(p);
+  return round_up(plan.records_bytes) + round_up(plan.carry_bytes);
+}
+
+void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace, size_t, Stream stream) {
+  const int device = a.q.device_id;
+  DeviceGuard guard(device);
+  int major = 0, minor = 0, num_sms = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  if (major != 9 || minor != 0)
+    throw Error("q", "tensors on an sm_90 (Hopper) GPU; device " + std::to_string(device) + " is sm_" +
+                         std::to_string(major) + std::to_string(minor));
+
+  const Plan plan = make_plan(p);
+  char* records = static_cast<char*>(workspace);
+  float* carry = reinterpret_cast<float*>(records + round_up(plan.records_bytes));
+  const size_t carry_elems = size_t(p.value_heads) * kHeadDim * kHeadDim;
+
+  SeqIndex seqs;
+  seqs.cu_seqlens = a.cu_seqlens.defined() ? a.cu_seqlens.data : nullptr;
+  seqs.cu_is_64 = a.cu_seqlens.dtype == DType::I64;
+  seqs.seqlen = p.seqlen;
+  seqs.num_seqs = p.num_seqs;
+
+  PrepareParams pp{};
+  pp.q = a.q.data; pp.k = a.k.data; pp.v = a.v.data; pp.g = a.g.data; pp.beta = a.beta.data;
+  pp.A_log = static_cast<const float*>(a.A_log.data);
+  pp.dt_bias = static_cast<const float*>(a.dt_bias.data);
+  pp.g_is_f32 = a.g.dtype == DType::F32;
+  pp.beta_is_f32 = a.beta.dtype == DType::F32;
+  pp.seqs = seqs;
+  pp.heads = static_cast<int>(p.heads);
+  pp.value_heads = static_cast<int>(p.value_heads);
+  pp.scale = static_cast<float>(p.scale);
+  pp.lower_bound = static_cast<float>(a.lower_bound);
+  pp.records = records;
+
+  RecurrenceParams rp{};
+  rp.records = records;
+  rp.seqs = seqs;
+  rp.value_heads = static_cast<int>(p.value_heads);
+  rp.out = a.out.data;
+  rp.initial_state = a.initial_state.defined() ? a.initial_state.data : nullptr;
+  rp.final_state = a.final_state.defined() ? a.final_state.data : nullptr;
+  const TensorView& st = a.initial_state.defined() ? a.initial_state : a.final_state;
+  rp.state_is_f32 = st.defined() && st.dtype == DType::F32;
+  const int nw = pick_warps_per_block(p, num_sms);
+
+  for (int64_t w = 0; w < plan.num_windows; ++w) {
+    const int64_t begin = w * plan.window_slots;
+    const int64_t end = std::min(plan.total_slots, begin + plan.window_slots);
+    pp.slot_begin = rp.slot_begin = begin;
+    pp.slot_end = rp.slot_end = end;
+    rp.carry_in = carry + (w % 2) * carry_elems;
+    rp.carry_out = carry + ((w + 1) % 2) * carry_elems;
+    launch_prepare(pp, stream);
+    check(cudaGetLastError(), "prepare kernel launch");
+    launch_recurrence(rp, nw, stream);
+    check(cudaGetLastError(), "recurrence kernel launch");
+  }
+}
+
 }  // namespace flash_kda::sm90

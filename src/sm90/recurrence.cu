@@ -1,1 +1,273 @@
-// stage: recurrence (to be written)
+// Stage 2: the state passing (docs/kda-spec.md "Chunked form"; the only sequential part).
+//
+// One block per (sequence, value head, slice of NW*16 value columns); each warp owns 16 value
+// columns of the state, kept as S^T [16 v x 128 k] in fp32 mma accumulators for the whole
+// sequence. Per 16-token chunk, with the record of stage 1 in shared memory:
+//
+//   U^T = U0^T - S^T W^T      (mma: A = S^T as bf16, B = W   via ldmatrix)
+//   O^T = O0^T + S^T Qe^T     (same A, B = Qe)
+//   S^T = S^T diag(gC) + U^T kr   (A = U^T, B = kr via ldmatrix.trans)
+//
+// The m16n8 accumulator of one product is, register for register, the A operand of the next
+// (the FlashAttention-2 register reuse), so S and U never leave registers. Records are
+// double-buffered with cp.async so the chain waits on math only.
+#include <cuda_bf16.h>
+
+#include <cute/arch/copy_sm75.hpp>
+#include <cute/arch/copy_sm80.hpp>
+#include <cute/arch/mma_sm80.hpp>
+
+#include "sm90/params.h"
+
+namespace flash_kda::sm90 {
+namespace {
+
+using Mma = cute::SM80_16x8x16_F32BF16BF16F32_TN;
+
+template <int NW>
+struct Layout {
+  static constexpr int kRow = (kHeadDim + 8) * 2;     // bytes per padded [16][128] row: ldmatrix rows hit distinct banks
+  static constexpr int kMat = kChunk * kRow;
+  static constexpr int kSlice = NW * kChunk * kChunk * 2;  // this block's rows of U0T / O0T
+  static constexpr int kW = 0, kQe = kMat, kKr = 2 * kMat;
+  static constexpr int kU0T = 3 * kMat, kO0T = kU0T + kSlice, kGC = kO0T + kSlice;
+  static constexpr int kStage = kGC + kHeadDim * 4;
+  static constexpr int kOut = 2 * kStage;             // per-warp [16 tok][16 v] bf16 staging
+  static constexpr int kBytes = kOut + NW * kChunk * kChunk * 2;
+};
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float2 unpack_bf16(uint32_t x) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
+}
+
+template <int NW>
+__device__ __forceinline__ void load_record(char* smem, const char* rec, int v_base, int tid) {
+  using L = Layout<NW>;
+  constexpr int kThreads = NW * 32;
+  for (int i = tid; i < 3 * kChunk * 16; i += kThreads) {  // W, Qe, kr: 16 pieces of 16 B per row
+    const int mat = i / (kChunk * 16), row = (i / 16) % kChunk, col = i % 16;
+    cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
+        *reinterpret_cast<const cute::uint128_t*>(rec + kRecW + mat * kChunk * kHeadDim * 2 + row * kHeadDim * 2 + col * 16),
+        *reinterpret_cast<cute::uint128_t*>(smem + mat * L::kMat + row * L::kRow + col * 16));
+  }
+  for (int i = tid; i < 2 * L::kSlice / 16; i += kThreads) {  // U0T then O0T rows [v_base, v_base + NW*16)
+    const int which = i / (L::kSlice / 16), piece = i % (L::kSlice / 16);
+    cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
+        *reinterpret_cast<const cute::uint128_t*>(rec + kRecU0T + which * kChunk * kHeadDim * 2 + v_base * kChunk * 2 + piece * 16),
+        *reinterpret_cast<cute::uint128_t*>(smem + L::kU0T + which * L::kSlice + piece * 16));
+  }
+  for (int i = tid; i < kHeadDim * 4 / 16; i += kThreads) {
+    cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
+        *reinterpret_cast<const cute::uint128_t*>(rec + kRecGC + i * 16),
+        *reinterpret_cast<cute::uint128_t*>(smem + L::kGC + i * 16));
+  }
+}
+
+template <int NW>
+__global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrenceParams p) {
+  using L = Layout<NW>;
+  extern __shared__ __align__(128) char smem[];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates: row group, column pair
+  const int64_t n = blockIdx.x;
+  const int hv = blockIdx.y;
+  const int v_block = blockIdx.z * NW * 16, v0 = v_block + warp * 16;
+
+  const int64_t first = p.seqs.first_slot(n);
+  const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.start(n + 1) - seq_begin;
+  const int64_t num_chunks = (seq_len + kChunk - 1) / kChunk;
+  const int64_t owned_end = first + (num_chunks > 0 ? num_chunks : 1);  // an empty sequence owns one slot
+  if (owned_end <= p.slot_begin || first >= p.slot_end) return;
+  const int64_t c_begin = p.slot_begin > first ? p.slot_begin - first : 0;
+  const int64_t c_end = min(num_chunks, p.slot_end - first);
+  const int64_t HV = p.value_heads;
+
+  // s[nt][*]: S^T rows v0+g and v0+g+8, columns k = nt*8 + 2*t4 + {0,1} (m16n8 accumulator layout).
+  float s[kHeadDim / 8][4];
+  {
+    const int64_t base = ((n * HV + hv) * kHeadDim) * kHeadDim;
+    const bool from_carry = c_begin > 0;
+#pragma unroll
+    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
+        float2 x = make_float2(0.f, 0.f);
+        if (from_carry) {
+          x = *reinterpret_cast<const float2*>(p.carry_in + (int64_t(hv) * kHeadDim + v) * kHeadDim + k);
+        } else if (p.initial_state != nullptr) {
+          const int64_t off = base + int64_t(v) * kHeadDim + k;
+          x = p.state_is_f32 ? *reinterpret_cast<const float2*>(static_cast<const float*>(p.initial_state) + off)
+                             : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+                                   static_cast<const __nv_bfloat16*>(p.initial_state) + off));
+        }
+        s[nt][2 * half] = x.x;
+        s[nt][2 * half + 1] = x.y;
+      }
+    }
+  }
+
+  auto record = [&](int64_t c) {
+    return p.records + ((first + c - p.slot_begin) * HV + hv) * int64_t(kRecordBytes);
+  };
+  if (c_begin < c_end) load_record<NW>(smem, record(c_begin), v_block, tid);
+  cute::cp_async_fence();
+
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    char* stage = smem + ((c - c_begin) & 1) * L::kStage;
+    if (c + 1 < c_end) load_record<NW>(smem + ((c + 1 - c_begin) & 1) * L::kStage, record(c + 1), v_block, tid);
+    cute::cp_async_fence();
+    cute::cp_async_wait<1>();
+    __syncthreads();
+
+    // A operand of S^T for the 8 k-steps of 16 key channels.
+    uint32_t sa[kHeadDim / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      sa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      sa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      sa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      sa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+
+    // u[nt], o[nt]: U^T / O^T rows v0+g, v0+g+8, token columns nt*8 + 2*t4 + {0,1}.
+    const char* u0t = stage + L::kU0T + (warp * 16) * kChunk * 2;
+    const char* o0t = stage + L::kO0T + (warp * 16) * kChunk * 2;
+    float u[2][4], o[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int off = ((g + 8 * half) * kChunk + nt * 8 + 2 * t4) * 2;
+        const float2 oo = unpack_bf16(*reinterpret_cast<const uint32_t*>(o0t + off));
+        u[nt][2 * half] = u[nt][2 * half + 1] = 0.f;
+        o[nt][2 * half] = oo.x;
+        o[nt][2 * half + 1] = oo.y;
+      }
+    }
+    // ldmatrix row addresses: lanes 0-7 / 8-15 / 16-23 / 24-31 give rows of the four 8x8 tiles.
+    const int ld_row = (lane % 8) + ((lane / 16) * 8), ld_col = ((lane / 8) % 2) * 8;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t b[4];
+      cute::SM75_U32x4_LDSM_N::copy(
+          *reinterpret_cast<const cute::uint128_t*>(stage + L::kW + ld_row * L::kRow + (kk * 16 + ld_col) * 2),
+          b[0], b[1], b[2], b[3]);
+      Mma::fma(u[0][0], u[0][1], u[0][2], u[0][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[0], b[1],
+               u[0][0], u[0][1], u[0][2], u[0][3]);
+      Mma::fma(u[1][0], u[1][1], u[1][2], u[1][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[2], b[3],
+               u[1][0], u[1][1], u[1][2], u[1][3]);
+      cute::SM75_U32x4_LDSM_N::copy(
+          *reinterpret_cast<const cute::uint128_t*>(stage + L::kQe + ld_row * L::kRow + (kk * 16 + ld_col) * 2),
+          b[0], b[1], b[2], b[3]);
+      Mma::fma(o[0][0], o[0][1], o[0][2], o[0][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[0], b[1],
+               o[0][0], o[0][1], o[0][2], o[0][3]);
+      Mma::fma(o[1][0], o[1][1], o[1][2], o[1][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[2], b[3],
+               o[1][0], o[1][1], o[1][2], o[1][3]);
+    }
+
+    // U = U0 - S W^T, then as the A operand (16 v x 16 tokens).
+    uint32_t ua[4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int off = ((g + 8 * half) * kChunk + nt * 8 + 2 * t4) * 2;
+        const float2 uu = unpack_bf16(*reinterpret_cast<const uint32_t*>(u0t + off));
+        ua[2 * nt + half] = pack_bf16(uu.x - u[nt][2 * half], uu.y - u[nt][2 * half + 1]);
+      }
+    }
+
+    // S^T <- S^T diag(gC) + U^T kr.
+    const float* gc = reinterpret_cast<const float*>(stage + L::kGC);
+    // .trans tiles: lanes 0-7 tokens 0-7, 8-15 tokens 8-15, 16-31 the same for key columns +8.
+    const int tr_row = lane % 16, tr_col = (lane / 16) * 8;
+#pragma unroll
+    for (int np = 0; np < kHeadDim / 16; ++np) {
+      uint32_t b[4];
+      cute::SM75_U16x8_LDSM_T::copy(
+          *reinterpret_cast<const cute::uint128_t*>(stage + L::kKr + tr_row * L::kRow + (np * 16 + tr_col) * 2),
+          b[0], b[1], b[2], b[3]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int nt = 2 * np + h;
+        const float2 d = *reinterpret_cast<const float2*>(gc + nt * 8 + 2 * t4);
+        s[nt][0] *= d.x; s[nt][1] *= d.y; s[nt][2] *= d.x; s[nt][3] *= d.y;
+        Mma::fma(s[nt][0], s[nt][1], s[nt][2], s[nt][3], ua[0], ua[1], ua[2], ua[3], b[2 * h], b[2 * h + 1],
+                 s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+      }
+    }
+
+    // O^T -> [token][v] staging -> 32 contiguous bytes per token row of out.
+    auto* stage_out = reinterpret_cast<__nv_bfloat16*>(smem + L::kOut) + warp * kChunk * 16;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int v = g + 8 * half, t = nt * 8 + 2 * t4;
+        stage_out[t * 16 + v] = __float2bfloat16(o[nt][2 * half]);
+        stage_out[(t + 1) * 16 + v] = __float2bfloat16(o[nt][2 * half + 1]);
+      }
+    }
+    __syncwarp();
+    {
+      const int t = lane / 2, part = lane % 2;
+      if (c * kChunk + t < seq_len) {
+        const int64_t tok = seq_begin + c * kChunk + t;
+        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + (tok * HV + hv) * kHeadDim + v0 + part * 8) =
+            *reinterpret_cast<const uint4*>(stage_out + t * 16 + part * 8);
+      }
+    }
+    __syncthreads();  // the stage buffer and the staging tile are reused next iteration
+  }
+
+  // The state after this window: the sequence's final state, or the carry to the next window.
+  const bool done = c_end == num_chunks;
+  if (done && p.final_state == nullptr) return;
+  const int64_t base = ((n * HV + hv) * kHeadDim) * kHeadDim;
+#pragma unroll
+  for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
+      const float2 x = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
+      if (!done) {
+        *reinterpret_cast<float2*>(p.carry_out + (int64_t(hv) * kHeadDim + v) * kHeadDim + k) = x;
+      } else if (p.state_is_f32) {
+        *reinterpret_cast<float2*>(static_cast<float*>(p.final_state) + base + int64_t(v) * kHeadDim + k) = x;
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.final_state) + base + int64_t(v) * kHeadDim + k) =
+            __floats2bfloat162_rn(x.x, x.y);
+      }
+    }
+  }
+}
+
+template <int NW>
+void launch(const RecurrenceParams& p, cudaStream_t stream) {
+  constexpr int kBytes = Layout<NW>::kBytes;
+  if constexpr (kBytes > 48 * 1024) {
+    cudaFuncSetAttribute(recurrence_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+  }
+  const dim3 grid(static_cast<unsigned>(p.seqs.num_seqs), static_cast<unsigned>(p.value_heads),
+                  static_cast<unsigned>(kHeadDim / (NW * 16)));
+  recurrence_kernel<NW><<<grid, NW * 32, kBytes, stream>>>(p);
+}
+
+}  // namespace
+
+void launch_recurrence(const RecurrenceParams& p, int warps_per_block, cudaStream_t stream) {
+  switch (warps_per_block) {
+    case 1: launch<1>(p, stream); break;
+    case 2: launch<2>(p, stream); break;
+    case 4: launch<4>(p, stream); break;
+    default: launch<8>(p, stream); break;
+  }
+}
+
+}  // namespace flash_kda::sm90

@@ -1,0 +1,101 @@
+// What the two forward stages share: the chunk record layout in the workspace, the kernel
+// parameter blocks and the sequence/slot indexing. Math: docs/kda-spec.md "Chunked form".
+//
+// Stage 1 (prepare.cu, fully parallel) turns each 16-token chunk of one value head into a
+// "chunk record" that makes the state recurrence linear in S (all of it independent of S):
+//
+//   W   = (I+L)^-1 diag(b) kd          [16 x K]   so  U = U0 - W S
+//   Qe  = qd - M W                     [16 x K]   so  O = Qe S + O0
+//   kr  = k * exp(G_C - G)             [16 x K]   so  S' = diag(gC) S + kr^T U
+//   U0  = (I+L)^-1 diag(b) v           stored transposed [V x 16]
+//   O0  = M U0                         stored transposed [V x 16]
+//   gC  = exp(G_C)                     [K] fp32
+//
+// Stage 2 (recurrence.cu) walks the chunks of each sequence in order, split over value
+// columns: the delta rule is independent per value column, so each warp owns 16 columns of
+// S^T and never talks to the others.
+#pragma once
+
+#include <cstdint>
+
+namespace flash_kda::sm90 {
+
+inline constexpr int kChunk = 16;     // tokens per chunk (FlashKDA's C)
+inline constexpr int kHeadDim = 128;  // K = V = 128 in this kernel family
+
+// Chunk record: byte offsets inside one (slot, value head) record.
+inline constexpr int kRecW = 0;                                 // bf16 [16][128]
+inline constexpr int kRecQe = kRecW + kChunk * kHeadDim * 2;     // bf16 [16][128]
+inline constexpr int kRecKr = kRecQe + kChunk * kHeadDim * 2;    // bf16 [16][128]
+inline constexpr int kRecU0T = kRecKr + kChunk * kHeadDim * 2;   // bf16 [128][16]
+inline constexpr int kRecO0T = kRecU0T + kChunk * kHeadDim * 2;  // bf16 [128][16]
+inline constexpr int kRecGC = kRecO0T + kChunk * kHeadDim * 2;   // fp32 [128]
+inline constexpr int kRecordBytes = kRecGC + kHeadDim * 4;       // 20992, a multiple of 256
+
+/// Where each sequence starts. Fixed length: sequence n starts at token n*T of the flattened
+/// [B*T] token axis; varlen: cu_seqlens[n].
+///
+/// Chunk slots: chunk c of sequence n owns slot n + floor(start_n / 16) + c. Slots of different
+/// sequences never collide and all lie below N + ceil(T_total / 16), so both stages can index
+/// the workspace without reading cu_seqlens on the host. A zero-length sequence owns the
+/// (empty) slot n + floor(start_n / 16) for its pass-through.
+struct SeqIndex {
+  const void* cu_seqlens = nullptr;  // nullptr: fixed length
+  bool cu_is_64 = true;
+  int64_t seqlen = 0;                // T (fixed length)
+  int64_t num_seqs = 0;              // N
+
+#if defined(__CUDACC__)
+  __device__ __forceinline__ int64_t start(int64_t n) const {
+    if (cu_seqlens == nullptr) return n * seqlen;
+    return cu_is_64 ? static_cast<const int64_t*>(cu_seqlens)[n]
+                    : static_cast<int64_t>(static_cast<const int32_t*>(cu_seqlens)[n]);
+  }
+  __device__ __forceinline__ int64_t first_slot(int64_t n) const { return n + start(n) / kChunk; }
+  /// The sequence owning `slot`: the largest n with first_slot(n) <= slot.
+  __device__ __forceinline__ int64_t seq_of_slot(int64_t slot) const {
+    int64_t lo = 0, hi = num_seqs - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (first_slot(mid) <= slot) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+#endif
+};
+
+/// Stage 1 parameters. Tensors are the validated, contiguous inputs (bf16 unless noted).
+struct PrepareParams {
+  const void* q;          // [.., H, K]
+  const void* k;          // [.., H, K]
+  const void* v;          // [.., HV, V]
+  const void* g;          // [.., HV, K] bf16 or fp32 (g_is_f32)
+  const void* beta;       // [.., HV]    bf16 or fp32 (beta_is_f32)
+  const float* A_log;     // [HV]
+  const float* dt_bias;   // [HV * K]
+  bool g_is_f32, beta_is_f32;
+  SeqIndex seqs;
+  int heads, value_heads;  // H, HV
+  float scale, lower_bound;
+  char* records;           // window's records: [(slot - slot_begin) * HV + hv]
+  int64_t slot_begin, slot_end;
+};
+
+/// Stage 2 parameters.
+struct RecurrenceParams {
+  const char* records;
+  SeqIndex seqs;
+  int value_heads;
+  void* out;                    // bf16 [.., HV, V]
+  const void* initial_state;    // [N, HV, V, K] or nullptr (zero state)
+  void* final_state;            // [N, HV, V, K] or nullptr
+  bool state_is_f32;
+  float* carry_in;              // fp32 [HV, V, K]: state of the sequence crossing slot_begin
+  float* carry_out;             // fp32 [HV, V, K]: state of the sequence crossing slot_end
+  int64_t slot_begin, slot_end;
+};
+
+void launch_prepare(const PrepareParams& p, struct CUstream_st* stream);
+void launch_recurrence(const RecurrenceParams& p, int warps_per_block, struct CUstream_st* stream);
+
+}  // namespace flash_kda::sm90
