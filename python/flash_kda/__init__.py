@@ -1,0 +1,36 @@
+"""flash_kda: Kimi Delta Attention (KDA) forward for Hopper GPUs, and its fp64 CPU reference.
+
+The function computed is defined in docs/kda-spec.md (Kimi Linear, arXiv 2510.26692;
+fla.ops.kda.chunk_kda). Public API:
+
+- :func:`fwd`: MoonshotAI FlashKDA's ``fwd`` call on torch CUDA tensors (sm_90).
+- :func:`reference`: the exact fp64 CPU reference on numpy arrays or torch tensors.
+- :class:`Error`: raised for invalid or unsupported arguments (a ValueError).
+- :func:`cuda_available`, ``__version__``.
+
+The package imports without PyTorch; only :func:`fwd` needs it.
+"""
+
+from . import _core
+from ._forward import fwd
+from ._reference import reference
+
+__version__: str = _core.__version__
+
+Error = _core.Error
+Error.__module__ = __name__
+
+
+def cuda_available() -> bool:
+    """True when this build has its CUDA kernels and an sm_90 (Hopper) GPU is visible.
+
+    Asks the CUDA runtime directly (no PyTorch needed); returns False on machines without a
+    driver or device, and for CPU-only builds (FLASH_KDA_CUDA=OFF). Never raises.
+    """
+    try:
+        return bool(_core.cuda_available())
+    except Exception:  # noqa: BLE001 - documented never to raise
+        return False
+
+
+__all__ = ["Error", "__version__", "cuda_available", "fwd", "reference"]

@@ -1,0 +1,87 @@
+"""flash_kda.fwd: the FlashKDA-compatible GPU entry point (torch imported lazily)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import _core
+
+if TYPE_CHECKING:
+    import torch
+
+
+def fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None,
+    out: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    lower_bound: float,
+    initial_state: torch.Tensor | None = None,
+    final_state: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> None:
+    """KDA forward on an sm_90 GPU; the call and meaning of MoonshotAI FlashKDA's ``fwd``.
+
+    Computes, per sequence and value head, the recurrence of docs/kda-spec.md with q/k L2
+    normalisation, the safe gate ``a = lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` and
+    ``b = sigmoid(beta)`` fused in, and writes ``out`` (and ``final_state``) in place.
+
+    Args (B batch, T tokens, H heads, K = V = 128; varlen: B = 1, T = total tokens, N sequences):
+        q, k: bf16 [B, T, H, K], raw (normalised inside).
+        v: bf16 [B, T, H, V].
+        g: bf16 [B, T, H, K], raw gate input.
+        beta: bf16 [B, T, H], logits.
+        scale: output scale; None means K**-0.5.
+        out: bf16 [B, T, H, V], written.
+        A_log: fp32 [H]. dt_bias: fp32 [H, K] (or flat [H*K]).
+        lower_bound: safe-gate floor in natural-log units, in [-5, 0).
+        initial_state: optional bf16 or fp32 [N, H, V, K] (v-first, i.e. S transposed); zero if None.
+        final_state: optional [N, H, V, K], same dtype as initial_state when both given; written.
+        cu_seqlens: optional int64/int32 [N + 1] on the GPU, cumulative sequence starts.
+
+    All tensors contiguous and on one CUDA device. Runs asynchronously on
+    ``torch.cuda.current_stream(q.device)``; the scratch workspace comes from
+    ``torch.empty(..., dtype=torch.uint8, device=q.device)`` (PyTorch's caching allocator), so the
+    call may be captured in a CUDA graph. Inputs are never modified.
+
+    Raises:
+        flash_kda.Error: an argument is invalid or outside the kernel's supported subset (the
+            message names it), the tensors are not on a CUDA device, or this build has no CUDA
+            kernels. Nothing is written then.
+        RuntimeError: a CUDA launch failed.
+        TypeError: a tensor argument is not a torch tensor (or other DLPack array).
+    """
+    import torch
+
+    if lower_bound is None:
+        raise _error("lower_bound", "a float in [-5, 0) (FlashKDA's safe gate needs one), got None")
+    device = q.device
+    if device.type == "cuda":
+        stream = torch.cuda.current_stream(device).cuda_stream
+
+        def alloc(nbytes: int) -> torch.Tensor:
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    else:
+        # Not a GPU call: the C++ validation rejects it with a named error before any use of
+        # the allocator or the stream.
+        stream = 0
+
+        def alloc(nbytes: int) -> torch.Tensor:
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    _core.forward(
+        q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
+        None if scale is None else float(scale), float(lower_bound), alloc, stream,
+    )
+
+
+def _error(argument: str, expected: str) -> Exception:
+    """A flash_kda.Error worded like the C++ ones ('flash_kda: <argument>: <expected>')."""
+    e = _core.Error(f"flash_kda: {argument}: {expected}")
+    e.argument = argument
+    return e

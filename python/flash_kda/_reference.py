@@ -1,0 +1,97 @@
+"""flash_kda.reference: the exact fp64 CPU reference on host arrays."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+from . import _core
+
+
+def _host(x: Any) -> Any:
+    """A contiguous host array for DLPack: numpy as is (made contiguous), torch tensors detached,
+    copied to the host if on a GPU (bf16 stays bf16), made contiguous. None stays None."""
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x)
+    if hasattr(x, "detach") and hasattr(x, "device"):  # torch.Tensor, without importing torch
+        return x.detach().to("cpu").contiguous()
+    return np.ascontiguousarray(np.asarray(x))
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+def reference(
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any,
+    *,
+    scale: float | None = None,
+    A_log: Any = None,
+    dt_bias: Any = None,
+    lower_bound: float = -5.0,
+    gate: Literal["safe", "softplus", "none"] = "safe",
+    use_qk_l2norm: bool = True,
+    use_beta_sigmoid: bool = True,
+    allow_neg_eigval: bool = False,
+    initial_state: Any = None,
+    cu_seqlens: Any = None,
+    state_layout: Literal["v_first", "k_first"] = "v_first",
+    output_final_state: bool = False,
+    num_threads: int = 0,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """KDA forward evaluated token by token in fp64 on the CPU (C++ flash_kda::reference_forward).
+
+    The recurrence of docs/kda-spec.md, per sequence and value head, state S (K x V) from
+    initial_state or 0:  S <- diag(exp(a_t)) S;  S <- S + b_t k_t (v_t - S^T k_t)^T;
+    o_t = scale * S^T q_t.  Inputs are read as given (bf16 widened exactly) and never modified.
+
+    Args (B batch, T tokens, H q/k heads, HV value heads (a multiple of H: GVA), N sequences):
+        q, k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K]; beta: [B, T, HV].
+            bf16 (torch) or fp32; numpy arrays or torch tensors (CUDA tensors are copied to the
+            host first); varlen batches use B = 1 and cu_seqlens.
+        scale: output scale; None means K**-0.5.
+        A_log: fp32 [HV] (optional for "safe" and "softplus"). dt_bias: fp32 [HV, K] or [HV*K].
+        lower_bound: safe-gate floor (natural log), in [-5, 0).
+        gate: "safe": a = lower_bound * sigmoid(exp(A_log) * (g + dt_bias));
+            "softplus": a = -exp(A_log) * softplus(g + dt_bias); "none": a = g.
+        use_qk_l2norm: L2-normalise q and k over K (eps 1e-6 inside the sqrt).
+        use_beta_sigmoid: b = sigmoid(beta), else b = beta; allow_neg_eigval: b = 2 sigmoid(beta).
+        initial_state: bf16 or fp32 [N, HV, V, K] ("v_first") or [N, HV, K, V] ("k_first").
+        cu_seqlens: int64 or int32 [N + 1], 0 = cu[0] <= ... <= cu[N] = T.
+        state_layout: layout of initial_state and of the returned final state.
+        output_final_state: also return the final state.
+        num_threads: worker threads over (sequence, head) pairs; 0 = all cores.
+
+    Returns:
+        (out, final_state): float64 numpy arrays; out has v's shape; final_state is
+        [N, HV, V, K] or [N, HV, K, V] per state_layout when output_final_state, else None.
+
+    Raises:
+        flash_kda.Error: an argument is invalid (wrong dtype, rank or shape, bad cu_seqlens
+            values, unknown gate or layout, ...); the message and ``.argument`` name it.
+    """
+    q, k, v, g, beta = (_host(x) for x in (q, k, v, g, beta))
+    A_log, dt_bias, initial_state, cu_seqlens = (_host(x) for x in (A_log, dt_bias, initial_state, cu_seqlens))
+
+    out = np.empty(_shape(v), dtype=np.float64)
+    final_state = None
+    if output_final_state and len(_shape(q)) == 4 and len(_shape(v)) == 4:
+        # Sizes only; a malformed call still reaches the C++ validation for its named error.
+        n = _shape(cu_seqlens)[0] - 1 if cu_seqlens is not None and len(_shape(cu_seqlens)) == 1 else _shape(q)[0]
+        hv, kdim, vdim = _shape(v)[2], _shape(q)[3], _shape(v)[3]
+        dims = (vdim, kdim) if state_layout == "v_first" else (kdim, vdim)
+        final_state = np.empty((max(n, 0), hv, *dims), dtype=np.float64)
+
+    _core.reference_forward(
+        q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
+        None if scale is None else float(scale), float(lower_bound), gate, state_layout,
+        bool(use_qk_l2norm), bool(use_beta_sigmoid), bool(allow_neg_eigval), int(num_threads),
+    )
+    return out, final_state
