@@ -1,11 +1,219 @@
-// CPU fp64 reference of KDA. (stub: to be written)
+// The exact CPU reference of KDA: the recurrence of docs/kda-spec.md evaluated token by token
+// in fp64. It is the yardstick for every GPU test, so it follows the spec literally (no chunked
+// algebra) and is made fast only by running (sequence, value head) pairs on separate threads.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/gate.h"
 #include "flash_kda/forward.h"
+#include "reference/element_io.h"
 
 namespace flash_kda {
+namespace {
+
+using reference_detail::load_element;
+using reference_detail::load_index;
+using reference_detail::store_element;
+
+/// Everything a (sequence, value head) task needs, read once from the call.
+struct Plan {
+  const ForwardArgs* args = nullptr;
+  ProblemShape p;
+  int64_t group = 1;                 ///< G = HV / H: value heads per q/k head (GVA)
+  std::vector<int64_t> seq_start;    ///< [N + 1] first token of each sequence, then the end
+  std::vector<double> decay_rate;    ///< [HV] exp(A_log), 1 without A_log
+  std::vector<double> dt_bias;       ///< [HV * K], 0 without dt_bias
+  std::vector<double>* out = nullptr;          ///< [T_total, HV, V] (B * T tokens when fixed)
+  std::vector<double>* final_state = nullptr;  ///< [N, HV, K, V] (S itself, k-first)
+};
+
+/// Token boundaries of every sequence. cu_seqlens values are checked here because validate()
+/// reads no tensor data; an Error is thrown before anything is computed or written.
+std::vector<int64_t> sequence_starts(const ForwardArgs& args, const ProblemShape& p) {
+  std::vector<int64_t> starts(size_t(p.num_seqs) + 1);
+  if (!p.varlen) {
+    for (int64_t n = 0; n <= p.num_seqs; ++n) starts[size_t(n)] = n * p.seqlen;
+    return starts;
+  }
+  const TensorView& cu = args.cu_seqlens;
+  for (int64_t n = 0; n <= p.num_seqs; ++n) starts[size_t(n)] = load_index(cu, n);
+  if (starts[0] != 0)
+    throw Error("cu_seqlens", "cu_seqlens[0] == 0, got " + std::to_string(starts[0]));
+  for (int64_t n = 1; n <= p.num_seqs; ++n) {
+    if (starts[size_t(n)] < starts[size_t(n - 1)])
+      throw Error("cu_seqlens", "non-decreasing values, got cu_seqlens[" + std::to_string(n) + "] = " +
+                                    std::to_string(starts[size_t(n)]) + " < cu_seqlens[" +
+                                    std::to_string(n - 1) + "] = " + std::to_string(starts[size_t(n - 1)]));
+  }
+  if (starts.back() != p.seqlen)
+    throw Error("cu_seqlens", "last entry == total tokens " + std::to_string(p.seqlen) + ", got " +
+                                  std::to_string(starts.back()));
+  return starts;
+}
+
+/// Runs the recurrence for sequence n, value head hv, into the plan's private buffers.
+void run_head(const Plan& plan, int64_t n, int64_t hv) {
+  const ForwardArgs& a = *plan.args;
+  const ProblemShape& p = plan.p;
+  const int64_t H = p.heads, HV = p.value_heads, K = p.head_dim_k, V = p.head_dim_v;
+  const int64_t h = hv / plan.group;
+
+  // S is K x V, row i = key channel i (the spec's S, not the v-first S^T).
+  std::vector<double> S(static_cast<size_t>(K * V), 0.0);
+  if (a.initial_state.defined()) {
+    const int64_t base = (n * HV + hv) * K * V;
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < V; ++j) {
+        const int64_t src = a.state_layout == StateLayout::VFirst ? j * K + i : i * V + j;
+        S[size_t(i * V + j)] = load_element(a.initial_state, base + src);
+      }
+  }
+
+  const size_t Ks = static_cast<size_t>(K), Vs = static_cast<size_t>(V);
+  std::vector<double> q(Ks), k(Ks), decay(Ks), v(Vs), u(Vs), w(Vs), o(Vs);
+  const double* rate = &plan.decay_rate[size_t(hv)];
+  const double* bias = &plan.dt_bias[size_t(hv * K)];
+
+  for (int64_t tok = plan.seq_start[size_t(n)]; tok < plan.seq_start[size_t(n + 1)]; ++tok) {
+    const int64_t qk_base = (tok * H + h) * K;
+    const int64_t g_base = (tok * HV + hv) * K;
+    const int64_t v_base = (tok * HV + hv) * V;
+    for (int64_t i = 0; i < K; ++i) {
+      q[size_t(i)] = load_element(a.q, qk_base + i);
+      k[size_t(i)] = load_element(a.k, qk_base + i);
+    }
+    if (a.use_qk_l2norm) {
+      double qq = 0.0, kk = 0.0;
+      for (int64_t i = 0; i < K; ++i) {
+        qq += q[size_t(i)] * q[size_t(i)];
+        kk += k[size_t(i)] * k[size_t(i)];
+      }
+      const double q_inv = 1.0 / std::sqrt(qq + math::kL2NormEps);
+      const double k_inv = 1.0 / std::sqrt(kk + math::kL2NormEps);
+      for (int64_t i = 0; i < K; ++i) {
+        q[size_t(i)] *= q_inv;
+        k[size_t(i)] *= k_inv;
+      }
+    }
+    for (int64_t i = 0; i < K; ++i) {
+      const double g = load_element(a.g, g_base + i);
+      double log_decay = g;
+      if (a.gate == GateMode::SafeSigmoid)
+        log_decay = math::safe_gate<double>(g + bias[i], *rate, a.lower_bound);
+      else if (a.gate == GateMode::Softplus)
+        log_decay = math::softplus_gate<double>(g + bias[i], *rate);
+      decay[size_t(i)] = std::exp(log_decay);
+    }
+    const double beta_in = load_element(a.beta, tok * HV + hv);
+    const double b = a.use_beta_sigmoid ? math::beta_sigmoid<double>(beta_in, a.allow_neg_eigval) : beta_in;
+    for (int64_t j = 0; j < V; ++j) v[size_t(j)] = load_element(a.v, v_base + j);
+
+    // S <- diag(exp(a_t)) S, and u = S^T k_t with the decayed S.
+    std::fill(u.begin(), u.end(), 0.0);
+    for (int64_t i = 0; i < K; ++i) {
+      double* row = &S[size_t(i * V)];
+      const double d = decay[size_t(i)], ki = k[size_t(i)];
+      for (int64_t j = 0; j < V; ++j) {
+        row[j] *= d;
+        u[size_t(j)] += row[j] * ki;
+      }
+    }
+    // S <- S + b k_t (v_t - u)^T, and o_t = S^T q_t with the updated S.
+    for (int64_t j = 0; j < V; ++j) w[size_t(j)] = b * (v[size_t(j)] - u[size_t(j)]);
+    std::fill(o.begin(), o.end(), 0.0);
+    for (int64_t i = 0; i < K; ++i) {
+      double* row = &S[size_t(i * V)];
+      const double ki = k[size_t(i)], qi = q[size_t(i)];
+      for (int64_t j = 0; j < V; ++j) {
+        row[j] += ki * w[size_t(j)];
+        o[size_t(j)] += row[j] * qi;
+      }
+    }
+    double* out_row = &(*plan.out)[size_t(v_base)];
+    for (int64_t j = 0; j < V; ++j) out_row[j] = p.scale * o[size_t(j)];
+  }
+
+  if (plan.final_state)
+    std::copy(S.begin(), S.end(), plan.final_state->begin() + (n * HV + hv) * K * V);
+}
+
+/// Runs every (sequence, value head) pair on up to `num_threads` threads. Pairs share no
+/// state and write disjoint parts of the private buffers, so no locking is needed there.
+void run_all(const Plan& plan, int num_threads) {
+  const int64_t tasks = plan.p.num_seqs * plan.p.value_heads;
+  if (num_threads <= 0) num_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t workers = std::min<int64_t>(num_threads, tasks);
+  std::atomic<int64_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto work = [&] {
+    try {
+      for (int64_t t = next++; t < tasks; t = next++) run_head(plan, t / plan.p.value_heads, t % plan.p.value_heads);
+    } catch (...) {  // e.g. std::bad_alloc: re-thrown on the calling thread
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      next = tasks;
+    }
+  };
+  if (workers <= 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    pool.reserve(size_t(workers));
+    for (int64_t i = 0; i < workers; ++i) pool.emplace_back(work);
+    for (auto& t : pool) t.join();
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+}  // namespace
 
 void reference_forward(const ForwardArgs& args, int num_threads) {
-  (void)args; (void)num_threads;
-  throw Error("reference", "not implemented yet");
+  const ProblemShape p = validate(args, Target::CpuReference);
+  const int64_t HV = p.value_heads, K = p.head_dim_k, V = p.head_dim_v;
+
+  Plan plan;
+  plan.args = &args;
+  plan.p = p;
+  plan.group = p.heads > 0 ? HV / p.heads : 1;
+  plan.seq_start = sequence_starts(args, p);
+  plan.decay_rate.assign(size_t(HV), 1.0);
+  plan.dt_bias.assign(size_t(HV * K), 0.0);
+  if (args.gate != GateMode::PreGated) {
+    if (args.A_log.defined())
+      for (int64_t hv = 0; hv < HV; ++hv) plan.decay_rate[size_t(hv)] = std::exp(load_element(args.A_log, hv));
+    if (args.dt_bias.defined())  // [HV, K] and flat [HV * K] share one linear index
+      for (int64_t i = 0; i < HV * K; ++i) plan.dt_bias[size_t(i)] = load_element(args.dt_bias, i);
+  }
+
+  // Results go to private buffers first so that out and final_state are written only after
+  // everything succeeded, and so that final_state may alias initial_state.
+  std::vector<double> out(size_t(p.batch * p.seqlen * HV * V));
+  std::vector<double> final_state;
+  plan.out = &out;
+  if (args.final_state.defined()) {
+    final_state.resize(size_t(p.num_seqs * HV * K * V));
+    plan.final_state = &final_state;
+  }
+  run_all(plan, num_threads);
+
+  for (size_t i = 0; i < out.size(); ++i) store_element(args.out, int64_t(i), out[i]);
+  if (args.final_state.defined()) {
+    for (int64_t nh = 0; nh < p.num_seqs * HV; ++nh) {
+      const double* S = &final_state[size_t(nh * K * V)];
+      for (int64_t i = 0; i < K; ++i)
+        for (int64_t j = 0; j < V; ++j) {
+          const int64_t dst = args.state_layout == StateLayout::VFirst ? j * K + i : i * V + j;
+          store_element(args.final_state, nh * K * V + dst, S[i * V + j]);
+        }
+    }
+  }
 }
 
 }  // namespace flash_kda
