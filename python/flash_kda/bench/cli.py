@@ -1,0 +1,124 @@
+"""Command line of `python -m flash_kda.bench`: flags, case selection, output paths."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import cases as cases_mod
+
+#: File name of the record the repository keeps (written only with --write-record).
+RECORD_NAME = "BENCHMARK_H200.md"
+#: Its chart, written beside it.
+RECORD_CHART = "BENCHMARK_H200.png"
+
+
+def parse_seqlens(text: str) -> list[int]:
+    """Parse "1300,547,2048" into [1300, 547, 2048].
+
+    Every entry must be an integer >= 1 (a zero-length sequence has nothing to time) and at
+    least one is needed. Raises argparse.ArgumentTypeError with the offending entry.
+    """
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(p == "" for p in parts):
+        raise argparse.ArgumentTypeError(f"--seqlens wants comma-separated lengths like 1300,547; got {text!r}")
+    out = []
+    for p in parts:
+        try:
+            n = int(p)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--seqlens entry {p!r} is not an integer") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"--seqlens entry {n} must be >= 1")
+        out.append(n)
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be >= 1")
+    return n
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("--cases wants comma-separated case names")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the benchmark CLI (see docs/benchmark.md for each flag)."""
+    p = argparse.ArgumentParser(
+        prog="python -m flash_kda.bench",
+        description="Time flash_kda's KDA forward against flash-linear-attention's chunk_kda "
+        "(Triton path) on an sm_90 GPU, check both against the fp64 reference, and report "
+        "each time's multiple of the HBM floor.",
+    )
+    shape = p.add_argument_group("cases (default: the 13-case standard suite)")
+    shape.add_argument("--cases", type=_names, metavar="NAME,...", help="standard cases by name")
+    shape.add_argument("--T", type=_positive_int, help="tokens per sequence of one custom fixed-length case")
+    shape.add_argument("--heads", type=_positive_int, default=None, help="heads H = HV of a custom case (default 96)")
+    shape.add_argument("--seqlens", type=parse_seqlens, metavar="L1,L2,...", help="one custom varlen case")
+    shape.add_argument("--batch", type=_positive_int, default=1, help="fixed-length sequences of a custom case")
+    shape.add_argument("--state", choices=sorted(cases_mod.STATE_BYTES), default=cases_mod.DEFAULT_STATE,
+                       help="initial/final state dtype (default fp32, as the anchors)")
+    run = p.add_argument_group("measurement")
+    run.add_argument("--iters", type=_positive_int, default=100, help="timed calls per implementation and mode")
+    run.add_argument("--warmup", type=_positive_int, default=10, help="untimed calls before timing")
+    run.add_argument("--seed", type=int, default=0, help="torch RNG seed for the inputs")
+    run.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention even if installed")
+    run.add_argument("--no-check", action="store_true", help="skip the correctness checks")
+    run.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
+    run.add_argument("--layer", action="store_true",
+                     help="time fla's KimiDeltaAttention layer (hidden 2304, 32 heads) Triton vs flash_kda instead")
+    out = p.add_argument_group("output")
+    out.add_argument("--out-dir", type=Path, default=Path("bench-out"),
+                     help="folder for results.json, results.md and chart.png (default ./bench-out)")
+    out.add_argument("--markdown", type=Path, default=None, help="also write the Markdown report to PATH")
+    out.add_argument("--write-record", action="store_true",
+                     help=f"also write {RECORD_NAME} at the repository root (the committed record)")
+    out.add_argument("--no-plot", action="store_true", help="do not draw chart.png")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse argv and check flag combinations; argparse exits with code 2 on bad input.
+
+    Adds `cases` (list[Case]) to the namespace, replacing the raw --cases names.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    custom = args.T is not None or args.seqlens is not None
+    if args.cases is not None and custom:
+        parser.error("--cases selects standard cases; do not combine it with --T/--seqlens")
+    if not custom and (args.heads is not None or args.batch != 1):
+        if not args.layer:
+            parser.error("--heads/--batch describe a custom case: give --T or --seqlens too")
+    try:
+        if custom:
+            heads = args.heads if args.heads is not None else 96
+            args.cases = [cases_mod.custom_case(heads, args.T, args.batch, args.seqlens, args.state)]
+        elif args.cases is not None:
+            args.cases = cases_mod.select_cases(args.cases, args.state)
+        else:
+            args.cases = cases_mod.standard_suite(args.state)
+    except ValueError as e:
+        parser.error(str(e))
+    return args
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The flash-kda checkout this module lives in, or the current folder when installed.
+
+    A checkout is recognised by include/flash_kda/forward.h two levels above the package.
+    """
+    here = (start or Path(__file__)).resolve()
+    for parent in here.parents:
+        if (parent / "include" / "flash_kda" / "forward.h").is_file():
+            return parent
+    return Path.cwd()

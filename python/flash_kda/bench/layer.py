@@ -1,0 +1,69 @@
+"""--layer: fla's KimiDeltaAttention layer at Kimi Linear's shape, Triton vs flash_kda.
+
+The layer (fla.layers.kda.KimiDeltaAttention, fla 0.6.0) is built with hidden_size 2304,
+num_heads 32, head_dim 128, mode "chunk", safe_gate=True, lower_bound -5, in bf16 with A_log
+and dt_bias kept fp32 (flash_kda reads them as fp32). It is fed hidden states [B, T, 2304]
+(standard normal bf16, what a model feeds it after its norm) under torch.inference_mode(),
+once with FLA_FLASH_KDA=0 (fla's Triton chunk_kda) and once with FLA_FLASH_KDA=1 (fla's
+FlashKDA backend, which calls flash_kda.fwd). T must exceed 64: below that fla switches the
+layer to its fused_recurrent path in inference.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from . import impls, timing
+
+HIDDEN_SIZE = 2304
+NUM_HEADS = 32
+HEAD_DIM = 128
+LOWER_BOUND = -5.0
+
+
+def build_layer():
+    """The KimiDeltaAttention layer on CUDA in bf16, A_log/dt_bias fp32, eval mode."""
+    import torch
+    from fla.layers.kda import KimiDeltaAttention
+
+    layer = KimiDeltaAttention(hidden_size=HIDDEN_SIZE, head_dim=HEAD_DIM, num_heads=NUM_HEADS,
+                               mode="chunk", safe_gate=True, lower_bound=LOWER_BOUND)
+    layer = layer.to(device="cuda", dtype=torch.bfloat16).eval()
+    layer.A_log.data = layer.A_log.data.float()
+    layer.dt_bias.data = layer.dt_bias.data.float()
+    return layer
+
+
+def run_layer(T: int, batch: int, warmup: int, iters: int, seed: int = 0) -> dict:
+    """Time the layer both ways and compare outputs.
+
+    Returns {"hidden_size", "num_heads", "head_dim", "batch", "T", "triton_ms", "flash_kda_ms"
+    (eager medians), "triton", "flash_kda" (summaries), "rel_diff" (||o_fk - o_tri|| /
+    ||o_tri||, Frobenius, fp32), "dispatched" (flash_kda.fwd was called), "dispatch_note"}.
+    Raises ValueError for T <= 64.
+    """
+    import torch
+
+    if T <= 64:
+        raise ValueError(f"--layer needs T > 64 (fla runs fused_recurrent for T <= 64); got {T}")
+    torch.manual_seed(seed)
+    layer = build_layer()
+    hidden = torch.randn(batch, T, HIDDEN_SIZE, device="cuda", dtype=torch.bfloat16)
+    fwd = lambda: layer(hidden)[0]
+    res = {"hidden_size": HIDDEN_SIZE, "num_heads": NUM_HEADS, "head_dim": HEAD_DIM, "batch": batch, "T": T}
+    with torch.inference_mode():
+        with impls.fla_flash_kda_backend(False):
+            o_tri = fwd().float()
+            tri = timing.time_eager(fwd, warmup, iters)
+        with impls.fla_flash_kda_backend(True), impls.count_flash_kda_calls() as calls:
+            o_fk = fwd().float()
+            fk = timing.time_eager(fwd, warmup, iters)
+        torch.cuda.synchronize()
+    res["triton"], res["flash_kda"] = timing.summarize(tri), timing.summarize(fk)
+    res["triton_ms"], res["flash_kda_ms"] = statistics.median(tri), statistics.median(fk)
+    res["rel_diff"] = float((o_fk - o_tri).norm() / o_tri.norm())
+    res["dispatched"] = calls[0] > 0
+    res["dispatch_note"] = ("" if calls[0] else
+                            "flash_kda.fwd was never called; run with FLA_LOG_LEVEL=INFO / "
+                            "logging at INFO to see fla's backend rejection reason")
+    return res

@@ -1,0 +1,88 @@
+"""Top level of the benchmark: parse flags, check the machine, run, write every output."""
+
+from __future__ import annotations
+
+import sys
+
+from . import cli, environment, report
+
+#: Exit codes: 0 all ran and every check passed, 1 a check failed or a run errored,
+#: 2 bad flags (argparse) or a machine that cannot run the benchmark.
+EXIT_OK, EXIT_FAILED, EXIT_UNSUPPORTED = 0, 1, 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `python -m flash_kda.bench` with argv (default sys.argv[1:]); returns the exit code.
+
+    On a machine without an sm_90 GPU, CUDA torch and a CUDA build of flash_kda, prints one
+    sentence on stderr and returns 2 before touching the GPU.
+    """
+    args = cli.parse_args(argv)
+    unmet = environment.unmet_requirement()
+    if unmet is not None:
+        print(unmet, file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    from . import suite
+
+    meta = environment.collect_meta()
+    if not environment.fla_available():
+        meta["fla"] = "not installed"
+    if args.layer:
+        if meta["fla"] == "not installed":
+            print("--layer needs flash-linear-attention (pip install flash-linear-attention).", file=sys.stderr)
+            return EXIT_UNSUPPORTED
+        from . import layer
+
+        suite.progress("running the KimiDeltaAttention layer, Triton then flash_kda")
+        T = args.T if args.T is not None else 8192
+        results = {"meta": meta, "cases": [], "layer": layer.run_layer(T, args.batch, args.warmup, args.iters, args.seed)}
+        failed = not results["layer"]["dispatched"]
+    else:
+        results = suite.run_suite(args, meta)
+        failed = any(r.get("errors") or (r.get("check") and not r["check"]["passed"]) for r in results["cases"])
+    write_outputs(results, args)
+    print(report.format_table(results))
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def write_outputs(results: dict, args) -> None:
+    """results.json, results.md and (unless --no-plot or no cases) chart.png in --out-dir;
+    the Markdown at --markdown PATH (linking that chart); with --write-record,
+    BENCHMARK_H200.md and its chart BENCHMARK_H200.png at the repository root."""
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "results.json", out / "results.md"]
+    draw = bool(results["cases"]) and not args.no_plot
+
+    def chart_at(path):
+        if not draw:
+            return None
+        try:
+            from . import plotting
+
+            plotting.plot(results, path)
+        except ImportError:
+            print("[flash_kda.bench] matplotlib is not installed: no chart (pip install matplotlib)",
+                  file=sys.stderr)
+            return None
+        written.append(path)
+        return path
+
+    chart = chart_at(out / "chart.png")
+    report.write_json(results, out / "results.json")
+    report.write_markdown(results, out / "results.md", "chart.png" if chart else None)
+    if args.markdown is not None:
+        link = None
+        if chart:
+            try:
+                link = str(chart.resolve().relative_to(args.markdown.resolve().parent))
+            except ValueError:
+                link = str(chart.resolve())
+        report.write_markdown(results, args.markdown, link)
+        written.append(args.markdown)
+    if args.write_record:
+        root = cli.repo_root()
+        record_chart = chart_at(root / cli.RECORD_CHART)
+        report.write_markdown(results, root / cli.RECORD_NAME, cli.RECORD_CHART if record_chart else None)
+        written.append(root / cli.RECORD_NAME)
+    print("[flash_kda.bench] wrote " + ", ".join(str(p) for p in written), file=sys.stderr)

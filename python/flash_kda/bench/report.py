@@ -1,0 +1,147 @@
+"""Writers of the benchmark's results: the printed table, JSON and Markdown.
+
+Pure Python on the dict run_suite returns (no torch), so tests can feed fake results:
+  {"meta": {gpu, driver, torch, triton, fla, flash_kda, date, ...}, "copy_bandwidth": bytes/s,
+   "anchor_source": str, "settings": {...},
+   "cases": [{"case": Case.to_dict(), "floor_ms", "floor_bytes", "anchor": {flash_kda_ms,
+              fla_ms, floor_ms} | None, "times": {"flash_kda"|"fla": {"eager"|"graph":
+              {median, min, max, n}}}, "check": check_case dict | None, "errors": {what: msg}}],
+   "layer": layer result | absent}
+All times are milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+COLUMNS = [
+    "case", "T total", "H", "seqs", "flash_kda ms", "x floor", "flash_kda graph ms",
+    "fla ms", "fla graph ms", "speedup vs fla", "floor ms",
+    "anchor FlashKDA ms", "anchor fla ms", "check",
+]
+
+
+def _median(r: dict, impl: str, mode: str) -> float | None:
+    return r.get("times", {}).get(impl, {}).get(mode, {}).get("median")
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4f}" if v < 0.1 else f"{v:.3f}"
+
+
+def _ratio(num: float | None, den: float | None, suffix: str = "x") -> str:
+    if num is None or den is None or den == 0:
+        return "-"
+    return f"{num / den:.2f}{suffix}"
+
+
+def check_label(r: dict) -> str:
+    """"ok"/"FAIL" with our output error vs the fp64 reference, "error", or "-" when skipped."""
+    c = r.get("check")
+    if c is None:
+        return "error" if "check" in r.get("errors", {}) else "-"
+    return f"{'ok' if c['passed'] else 'FAIL'} {c['out_err']:.1e}"
+
+
+def rows(results: dict) -> list[list[str]]:
+    """One row of strings per case, in COLUMNS order.
+
+    "x floor": our eager median / floor. "speedup vs fla": fla eager / ours eager, and graph
+    vs graph after a slash when both graphs ran.
+    """
+    out = []
+    for r in results["cases"]:
+        c = r["case"]
+        ours_e, ours_g = _median(r, "flash_kda", "eager"), _median(r, "flash_kda", "graph")
+        fla_e, fla_g = _median(r, "fla", "eager"), _median(r, "fla", "graph")
+        speed = _ratio(fla_e, ours_e)
+        if fla_g is not None and ours_g is not None:
+            speed += " / " + _ratio(fla_g, ours_g)
+        a = r.get("anchor") or {}
+        out.append([
+            c["name"], str(c["T_total"]), str(c["heads"]), str(c["num_seqs"]),
+            _ms(ours_e), _ratio(ours_e, r["floor_ms"]), _ms(ours_g),
+            _ms(fla_e), _ms(fla_g), speed, _ms(r["floor_ms"]),
+            _ms(a.get("flash_kda_ms")), _ms(a.get("fla_ms")), check_label(r),
+        ])
+    return out
+
+
+def format_table(results: dict) -> str:
+    """The plain-text table printed last on stdout (columns padded to width)."""
+    if not results.get("cases"):
+        return format_layer(results["layer"]) if "layer" in results else "no cases were run"
+    body = rows(results)
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(COLUMNS)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    text = [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in body]
+    text.append("")
+    text.append(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s (read + write); "
+                "floor = fewest bytes / copy bandwidth; times are medians of event-timed calls")
+    text.append(f"anchor columns: {results.get('anchor_source', 'anchors-h200.md')}")
+    text.extend(_error_lines(results))
+    if "layer" in results:
+        text.append(format_layer(results["layer"]))
+    return "\n".join(text)
+
+
+def _error_lines(results: dict) -> list[str]:
+    lines = []
+    for r in results["cases"]:
+        for what, msg in r.get("errors", {}).items():
+            lines.append(f"{r['case']['name']}: {what} failed: {msg}")
+    return lines
+
+
+def format_layer(layer: dict) -> str:
+    """One paragraph on the --layer result (times in ms, rel. difference of outputs)."""
+    t, f = layer.get("triton_ms"), layer.get("flash_kda_ms")
+    s = (f"KimiDeltaAttention layer (hidden {layer['hidden_size']}, {layer['num_heads']} heads of "
+         f"{layer['head_dim']}, B {layer['batch']}, T {layer['T']}): fla Triton {_ms(t)} ms, "
+         f"dispatched to flash_kda {_ms(f)} ms, speedup {_ratio(t, f)}, "
+         f"rel. difference of outputs {layer.get('rel_diff', float('nan')):.2e}")
+    if not layer.get("dispatched", True):
+        s += f" (WARNING: fla did not dispatch to flash_kda: {layer.get('dispatch_note', '')})"
+    return s
+
+
+def to_markdown(results: dict, chart: str | None = None) -> str:
+    """The Markdown report: header with machine and versions, the table, notes, chart link."""
+    m = results.get("meta", {})
+    md = [f"# flash_kda benchmark on {m.get('gpu', 'unknown GPU')}", "",
+          "Generated by `python -m flash_kda.bench`; see docs/benchmark.md for how to read it.", ""]
+    for key in ("gpu", "sm_count", "driver", "cuda_runtime", "torch", "triton", "fla", "flash_kda", "date"):
+        if key in m:
+            md.append(f"- {key}: {m[key]}")
+    s = results.get("settings", {})
+    if s:
+        md.append(f"- settings: {s.get('iters')} timed calls after {s.get('warmup')} warm-up, seed {s.get('seed')}")
+    if results.get("cases"):
+        md.append(f"- device-to-device copy bandwidth (this run): {results['copy_bandwidth'] / 1e12:.2f} TB/s")
+        md += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|"]
+        md += ["| " + " | ".join(row) + " |" for row in rows(results)]
+        md += ["", "Times are medians (ms); \"x floor\" is flash_kda's eager time over the HBM floor; "
+               "\"speedup vs fla\" is fla's time over ours (eager / CUDA graph).",
+               f"The anchor columns are NOT from this run: {results.get('anchor_source', 'anchors-h200.md')}.",
+               "Check: flash_kda's output error vs the fp64 reference on sampled heads (bound 1e-2)."]
+        md += [f"- {line}" for line in _error_lines(results)]
+    if "layer" in results:
+        md += ["", "## KimiDeltaAttention layer", "", format_layer(results["layer"])]
+    if chart:
+        md += ["", f"![time per case]({chart})"]
+    return "\n".join(md) + "\n"
+
+
+def write_json(results: dict, path: Path) -> None:
+    """Write results as indented JSON (creating the folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
+
+
+def write_markdown(results: dict, path: Path, chart: str | None = None) -> None:
+    """Write to_markdown(results, chart) to path (creating the folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_markdown(results, chart))

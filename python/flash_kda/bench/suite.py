@@ -1,0 +1,103 @@
+"""Runs the kernel benchmark: per case, check then time flash_kda and fla on the same inputs."""
+
+from __future__ import annotations
+
+import sys
+
+from . import anchors, cases as cases_mod, check, impls, inputs, timing
+
+
+def progress(msg: str) -> None:
+    """One progress line on stderr (the table goes to stdout)."""
+    print(f"[flash_kda.bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _timed(label: str, fn, args) -> tuple[dict, dict]:
+    """Eager and graph timing summaries of fn; an exception becomes an "error" entry."""
+    res: dict = {}
+    errors: dict = {}
+    try:
+        res["eager"] = timing.summarize(timing.time_eager(fn, args.warmup, args.iters))
+    except Exception as e:
+        errors[f"{label} eager"] = f"{type(e).__name__}: {e}"
+    if not args.no_graph:
+        try:
+            res["graph"] = timing.summarize(timing.time_graph(fn, args.warmup, args.iters))
+        except Exception as e:
+            errors[f"{label} graph"] = f"{type(e).__name__}: {e}"
+    return res, errors
+
+
+def run_case(case: cases_mod.Case, args, copy_bw: float, use_fla: bool) -> dict:
+    """Check and time one case. Returns its JSON-ready result (see report.py for the fields)."""
+    import torch
+
+    x = inputs.make_inputs(case, seed=args.seed)
+    result: dict = {
+        "case": case.to_dict(),
+        "floor_bytes": cases_mod.hbm_floor_bytes(case),
+        "floor_ms": cases_mod.floor_ms(case, copy_bw),
+        "anchor": anchors.anchor_for(case.name) if case.state == "fp32" else None,
+        "times": {},
+        "errors": {},
+        "check": None,
+    }
+    ours, ours_out, ours_state = impls.flash_kda_fn(x)
+    fla_call, fla_res = impls.fla_fn(x) if use_fla else (None, None)
+
+    with torch.inference_mode():
+        if not args.no_check:
+            progress(f"{case.name}: checking against the fp64 reference (heads {check.sample_heads(case.heads)})")
+            try:
+                ours()
+                fla_out = fla_state = None
+                if fla_call is not None:
+                    with impls.count_flash_kda_calls() as calls:
+                        fla_call()
+                    if calls[0]:
+                        raise RuntimeError("fla dispatched to flash_kda although FLA_FLASH_KDA=0")
+                    fla_out, fla_state = fla_res["out"], fla_res["final_state"]
+                torch.cuda.synchronize()
+                result["check"] = check.check_case(x, ours_out, ours_state, fla_out, fla_state)
+            except Exception as e:
+                result["errors"]["check"] = f"{type(e).__name__}: {e}"
+        progress(f"{case.name}: timing flash_kda")
+        result["times"]["flash_kda"], errs = _timed("flash_kda", ours, args)
+        result["errors"].update(errs)
+        if fla_call is not None:
+            progress(f"{case.name}: timing fla chunk_kda (Triton)")
+            result["times"]["fla"], errs = _timed("fla", fla_call, args)
+            result["errors"].update(errs)
+    for k, msg in result["errors"].items():
+        progress(f"{case.name}: {k} failed: {msg}")
+    del x, ours_out, ours_state, fla_res
+    torch.cuda.empty_cache()
+    return result
+
+
+def run_suite(args, meta: dict) -> dict:
+    """The whole kernel benchmark: copy bandwidth, then every case of args.cases.
+
+    Returns {"meta", "copy_bandwidth", "anchor_source", "cases": [run_case results]}.
+    """
+    import torch
+
+    use_fla = not args.no_fla and meta.get("fla") not in (None, "not installed")
+    if not args.no_fla and not use_fla:
+        progress("fla is not installed: timing flash_kda only (pip install flash-linear-attention to compare)")
+    progress("measuring device-to-device copy bandwidth")
+    copy_bw = timing.copy_bandwidth()
+    progress(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)")
+    torch.manual_seed(args.seed)
+    results = []
+    for i, case in enumerate(args.cases, 1):
+        progress(f"[{i}/{len(args.cases)}] {case.name}: T_total {case.total_tokens}, H {case.heads}, "
+                 f"{case.num_seqs} seq(s), state {case.state}")
+        results.append(run_case(case, args, copy_bw, use_fla))
+    return {
+        "meta": meta,
+        "copy_bandwidth": copy_bw,
+        "anchor_source": anchors.ANCHOR_SOURCE,
+        "settings": {"iters": args.iters, "warmup": args.warmup, "seed": args.seed, "fla": use_fla},
+        "cases": results,
+    }

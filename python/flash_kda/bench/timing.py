@@ -1,0 +1,89 @@
+"""GPU timing with CUDA events: eager calls, CUDA-graph replays, copy bandwidth.
+
+Every timed call sits between its own pair of torch.cuda.Event records on the current
+stream, so a host-bound call (many small launches) shows its launch gaps while a device-bound
+call shows device time. No cache flush between calls, as in FlashKDA's and the anchors'
+measurements. Results are lists of milliseconds summarised by `summarize`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+
+def summarize(times_ms: list[float]) -> dict:
+    """{"median", "min", "max", "n"} of a list of milliseconds (median is what tables show)."""
+    return {
+        "median": statistics.median(times_ms),
+        "min": min(times_ms),
+        "max": max(times_ms),
+        "n": len(times_ms),
+    }
+
+
+def _event_times(step: Callable[[], object], iters: int) -> list[float]:
+    import torch
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends):
+        s.record()
+        step()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def time_eager(fn: Callable[[], object], warmup: int, iters: int) -> list[float]:
+    """Milliseconds of `iters` eager calls of fn after `warmup` untimed ones."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    return _event_times(fn, iters)
+
+
+def time_graph(fn: Callable[[], object], warmup: int, iters: int) -> list[float]:
+    """Milliseconds of `iters` replays of fn captured in one torch.cuda.CUDAGraph.
+
+    fn is first called `warmup` times on a side stream (autotuning and lazy allocations must
+    happen outside capture, as torch.cuda.graphs requires), then captured once. Output
+    tensors fn writes are the captured ones, so a replay recomputes the same results.
+    Raises whatever capture raises (e.g. a host synchronisation inside fn).
+    """
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = _event_times(graph.replay, iters)
+    del graph
+    return times
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, warmup: int = 5, iters: int = 50) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting read + write (2 * nbytes per copy).
+
+    Uses the median of `iters` event-timed tensor.copy_ calls of `nbytes` bytes (default
+    1 GiB, far above the 50 MB L2 of an H200 so the copy streams through HBM).
+    """
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    ms = statistics.median(time_eager(lambda: dst.copy_(src), warmup, iters))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (ms * 1e-3)
