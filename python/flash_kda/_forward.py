@@ -55,8 +55,13 @@ def fwd(
             kernels. Nothing is written then.
         RuntimeError: a CUDA launch failed.
         TypeError: a tensor argument is not a torch tensor (or other DLPack array).
+        ImportError: PyTorch is not installed.
     """
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("flash_kda.fwd needs PyTorch with CUDA and an sm_90 GPU; "
+                          "without them only flash_kda.reference is available") from e
 
     if lower_bound is None:
         raise _error("lower_bound", "a float in [-5, 0) (FlashKDA's safe gate needs one), got None")

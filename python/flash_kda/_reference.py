@@ -21,6 +21,16 @@ def _host(x: Any) -> Any:
     return np.ascontiguousarray(np.asarray(x))
 
 
+def _widen_state(x: Any) -> Any:
+    """bf16/fp32 initial_state -> fp64 (exact), so the fp64 final state may share its dtype, as
+    the C++ validation requires of the pair. Other dtypes pass through to be rejected by name."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float64) if x.dtype == np.float32 else x
+    if str(getattr(x, "dtype", "")) in ("torch.bfloat16", "torch.float32"):
+        return x.double()
+    return x
+
+
 def _shape(x: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in x.shape)
 
@@ -79,6 +89,9 @@ def reference(
     """
     q, k, v, g, beta = (_host(x) for x in (q, k, v, g, beta))
     A_log, dt_bias, initial_state, cu_seqlens = (_host(x) for x in (A_log, dt_bias, initial_state, cu_seqlens))
+
+    if output_final_state and initial_state is not None:
+        initial_state = _widen_state(initial_state)
 
     out = np.empty(_shape(v), dtype=np.float64)
     final_state = None
