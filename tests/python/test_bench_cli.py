@@ -5,8 +5,8 @@ import argparse
 import pytest
 
 import _bench_path  # noqa: F401
-from flash_kda.bench import cli
-from flash_kda.bench.cases import MIXED_SEQLENS
+from flash_kda_bench import cli
+from flash_kda_bench.cases import MIXED_SEQLENS
 
 
 def test_defaults_are_the_standard_suite():

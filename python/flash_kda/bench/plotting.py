@@ -31,7 +31,7 @@ def plot(results: dict, path: Path) -> None:
               if any(_median(r, impl, mode) is not None for r in cases)]
     n = max(len(series), 1)
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(cases) + 3), 5.5))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(cases) + 3) + 3.5, 5.5))
     for j, (impl, mode, label) in enumerate(series):
         xs, ys = [], []
         for i, r in enumerate(cases):
@@ -52,7 +52,7 @@ def plot(results: dict, path: Path) -> None:
     ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
     gpu = results.get("meta", {}).get("gpu", "")
     ax.set_title(f"KDA forward per case on {gpu}".strip())
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

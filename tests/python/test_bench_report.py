@@ -1,0 +1,127 @@
+"""Table, JSON, Markdown and chart writers on fake results (CPU only)."""
+
+import json
+
+import pytest
+
+import _bench_path  # noqa: F401
+from flash_kda_bench import check, report
+from flash_kda_bench.anchors import anchor_for
+from flash_kda_bench.cases import Case, floor_ms, hbm_floor_bytes
+
+BW = 4.0e12
+
+
+def _times(median):
+    return {"median": median, "min": median * 0.9, "max": median * 1.2, "n": 5}
+
+
+def fake_results(with_fla=True, failing=False):
+    std = Case("h96_fixed_8192", 96, T=8192)
+    custom = Case("h4_varlen_2x300", 4, seqlens=(100, 200), state="bf16")
+    cases = []
+    for c, ours in ((std, 0.5), (custom, 0.02)):
+        times = {"flash_kda": {"eager": _times(ours), "graph": _times(ours * 0.8)}}
+        if with_fla:
+            times["fla"] = {"eager": _times(2.0), "graph": _times(1.6)}
+        chk = {"heads": [0, c.heads - 1], "out_err": 3e-3 if not failing else 0.2, "state_err": 2e-3,
+               "bound": 1e-2, "fla_ratio_bound": 1.5}
+        chk["passed"] = check.verdict(chk)
+        cases.append({"case": c.to_dict(), "floor_bytes": hbm_floor_bytes(c), "floor_ms": floor_ms(c, BW),
+                      "anchor": anchor_for(c.name), "times": times, "errors": {}, "check": chk})
+    cases[1]["errors"]["fla graph"] = "RuntimeError: capture failed"
+    return {"meta": {"gpu": "NVIDIA H200", "driver": "580.1", "torch": "2.11.0", "triton": "3.6.0",
+                     "fla": "0.6.0", "flash_kda": "0.1.0", "date": "2026-11-30 10:00 UTC"},
+            "copy_bandwidth": BW, "anchor_source": "anchors-h200.md (test)",
+            "settings": {"iters": 5, "warmup": 2, "seed": 0, "fla": with_fla}, "cases": cases}
+
+
+def test_rows_values():
+    r = fake_results()
+    row = dict(zip(report.COLUMNS, report.rows(r)[0]))
+    floor = r["cases"][0]["floor_ms"]
+    assert floor == pytest.approx(1_020_838_272 / BW * 1e3)
+    assert row["case"] == "h96_fixed_8192" and row["T total"] == "8192" and row["H"] == "96" and row["seqs"] == "1"
+    assert row["flash_kda ms"] == "0.500"
+    assert row["x floor"] == f"{0.5 / floor:.2f}x"
+    assert row["speedup vs fla"] == "4.00x / 4.00x"  # 2.0/0.5 eager, 1.6/0.4 graph
+    assert row["anchor FlashKDA ms"] == "1.464" and row["anchor fla ms"] == "2.659"
+    assert row["check"] == "ok 3.0e-03"
+    custom = dict(zip(report.COLUMNS, report.rows(r)[1]))
+    assert custom["anchor FlashKDA ms"] == "-" and custom["seqs"] == "2" and custom["flash_kda ms"] == "0.0200"
+
+
+def test_rows_without_fla_and_failing_check():
+    row = dict(zip(report.COLUMNS, report.rows(fake_results(with_fla=False, failing=True))[0]))
+    assert row["fla ms"] == "-" and row["speedup vs fla"] == "-"
+    assert row["check"] == "FAIL 2.0e-01"
+
+
+def test_verdict_uses_fla_ratio():
+    assert check.verdict({"out_err": 5e-3, "fla_out_err": 4e-3, "state_err": None})
+    assert not check.verdict({"out_err": 7e-3, "fla_out_err": 4e-3})  # > 1.5x fla
+    assert not check.verdict({"out_err": float("nan")})
+    assert not check.verdict({"out_err": 1e-3, "state_err": 2e-2})
+
+
+def test_rel_err_and_head_sampling():
+    assert check.rel_err([3.0, 4.0], [3.0, 4.0]) == 0.0
+    assert check.rel_err([3.0, 5.0], [3.0, 4.0]) == pytest.approx(1 / 5)
+    assert check.sample_heads(96) == [0, 95]
+    assert check.sample_heads(1) == [0]
+    assert check.sample_heads(16, 3) == [0, 8, 15]
+
+
+def test_table_prints_every_case_and_errors():
+    text = report.format_table(fake_results())
+    lines = text.splitlines()
+    assert lines[0].split()[0] == "case"
+    assert lines[2].startswith("h96_fixed_8192") and lines[3].startswith("h4_varlen_2x300")
+    assert "copy bandwidth 4.00 TB/s" in text
+    assert "anchors-h200.md (test)" in text
+    assert "h4_varlen_2x300: fla graph failed: RuntimeError: capture failed" in text
+
+
+def test_json_roundtrip(tmp_path):
+    r = fake_results()
+    path = tmp_path / "sub" / "results.json"
+    report.write_json(r, path)
+    back = json.loads(path.read_text())
+    assert back == json.loads(json.dumps(r))
+    assert back["cases"][0]["times"]["fla"]["graph"]["median"] == 1.6
+    assert back["cases"][1]["case"]["seqlens"] == [100, 200]
+
+
+def test_markdown_has_meta_table_and_anchor_note(tmp_path):
+    path = tmp_path / "BENCH.md"
+    report.write_markdown(fake_results(), path, "chart.png")
+    md = path.read_text()
+    assert md.startswith("# flash_kda benchmark on NVIDIA H200\n")
+    for fragment in ("- driver: 580.1", "- torch: 2.11.0", "- triton: 3.6.0", "- fla: 0.6.0",
+                     "- flash_kda: 0.1.0", "- date: 2026-11-30 10:00 UTC", "NOT from this run",
+                     "![time per case](chart.png)"):
+        assert fragment in md, fragment
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + 2  # header, rule, two cases
+    assert table[0].count("|") == len(report.COLUMNS) + 1
+    assert table[2].startswith("| h96_fixed_8192 | 8192 | 96 | 1 | 0.500 |")
+
+
+def test_layer_only_report():
+    layer = {"hidden_size": 2304, "num_heads": 32, "head_dim": 128, "batch": 1, "T": 8192,
+             "triton_ms": 3.0, "flash_kda_ms": 2.0, "rel_diff": 4e-3, "dispatched": True}
+    text = report.format_table({"meta": {}, "cases": [], "layer": layer})
+    assert "fla Triton 3.000 ms" in text and "flash_kda 2.000 ms" in text and "speedup 1.50x" in text
+    assert "4.00e-03" in text and "WARNING" not in text
+    layer["dispatched"] = False
+    assert "WARNING: fla did not dispatch" in report.format_layer(layer)
+
+
+def test_chart_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from flash_kda_bench import plotting
+
+    path = tmp_path / "chart.png"
+    plotting.plot(fake_results(), path)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
