@@ -65,8 +65,8 @@ def fwd(
 
     if lower_bound is None:
         raise _error("lower_bound", "a float in [-5, 0) (FlashKDA's safe gate needs one), got None")
-    device = q.device
-    if device.type == "cuda":
+    device = getattr(q, "device", None)
+    if getattr(device, "type", None) == "cuda":
         stream = torch.cuda.current_stream(device).cuda_stream
 
         def alloc(nbytes: int) -> torch.Tensor:
@@ -79,6 +79,11 @@ def fwd(
         def alloc(nbytes: int) -> torch.Tensor:
             return torch.empty(nbytes, dtype=torch.uint8)
 
+    # DLPack refuses tensors that require grad; nn.Parameters (A_log, dt_bias of fla's layer) do
+    # even under inference_mode. detach() shares storage, so out/final_state are still written.
+    q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state = (
+        t.detach() if getattr(t, "requires_grad", False) else t
+        for t in (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state))
     _core.forward(
         q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
         None if scale is None else float(scale), float(lower_bound), alloc, stream,
