@@ -96,3 +96,11 @@ def test_repo_root_finds_the_checkout():
     root = cli.repo_root()
     assert (root / "include" / "flash_kda" / "forward.h").is_file()
     assert root == _bench_path.REPO
+
+
+def test_layer_flags():
+    a = cli.parse_args(["--layer", "--T", "4096", "--batch", "2"])
+    assert (a.layer, a.T, a.batch) == (True, 4096, 2)
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--layer", "--T", "64"])
+    assert e.value.code == 2

@@ -99,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not custom and (args.heads is not None or args.batch != 1):
         if not args.layer:
             parser.error("--heads/--batch describe a custom case: give --T or --seqlens too")
+    if args.layer and args.T is not None and args.T <= 64:
+        parser.error("--layer needs --T > 64 (fla runs its fused_recurrent path for T <= 64)")
     try:
         if custom:
             heads = args.heads if args.heads is not None else 96

@@ -39,7 +39,8 @@ def run_layer(T: int, batch: int, warmup: int, iters: int, seed: int = 0) -> dic
 
     Returns {"hidden_size", "num_heads", "head_dim", "batch", "T", "triton_ms", "flash_kda_ms"
     (eager medians), "triton", "flash_kda" (summaries), "rel_diff" (||o_fk - o_tri|| /
-    ||o_tri||, Frobenius, fp32), "dispatched" (flash_kda.fwd was called), "dispatch_note"}.
+    ||o_tri||, Frobenius, fp32), "dispatched" (flash_kda.fwd was called), "dispatch_note",
+    and "error" when the flash_kda run raised (then its fields are absent).
     Raises ValueError for T <= 64.
     """
     import torch
@@ -55,15 +56,19 @@ def run_layer(T: int, batch: int, warmup: int, iters: int, seed: int = 0) -> dic
         with impls.fla_flash_kda_backend(False):
             o_tri = fwd().float()
             tri = timing.time_eager(fwd, warmup, iters)
-        with impls.fla_flash_kda_backend(True), impls.count_flash_kda_calls() as calls:
-            o_fk = fwd().float()
-            fk = timing.time_eager(fwd, warmup, iters)
-        torch.cuda.synchronize()
-    res["triton"], res["flash_kda"] = timing.summarize(tri), timing.summarize(fk)
-    res["triton_ms"], res["flash_kda_ms"] = statistics.median(tri), statistics.median(fk)
+        res["triton"], res["triton_ms"] = timing.summarize(tri), statistics.median(tri)
+        try:
+            with impls.fla_flash_kda_backend(True), impls.count_flash_kda_calls() as calls:
+                o_fk = fwd().float()
+                fk = timing.time_eager(fwd, warmup, iters)
+        except Exception as e:  # reported in the table instead of a traceback
+            res["error"] = f"{type(e).__name__}: {e}"
+            res["dispatched"], res["dispatch_note"] = False, res["error"]
+            return res
+    res["flash_kda"], res["flash_kda_ms"] = timing.summarize(fk), statistics.median(fk)
     res["rel_diff"] = float((o_fk - o_tri).norm() / o_tri.norm())
     res["dispatched"] = calls[0] > 0
     res["dispatch_note"] = ("" if calls[0] else
-                            "flash_kda.fwd was never called; run with FLA_LOG_LEVEL=INFO / "
-                            "logging at INFO to see fla's backend rejection reason")
+                            "flash_kda.fwd was never called; enable INFO logging for the logger "
+                            "fla.backends to see fla's reason for rejecting the backend")
     return res

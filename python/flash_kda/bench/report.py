@@ -103,7 +103,9 @@ def format_layer(layer: dict) -> str:
          f"{layer['head_dim']}, B {layer['batch']}, T {layer['T']}): fla Triton {_ms(t)} ms, "
          f"dispatched to flash_kda {_ms(f)} ms, speedup {_ratio(t, f)}, "
          f"rel. difference of outputs {layer.get('rel_diff', float('nan')):.2e}")
-    if not layer.get("dispatched", True):
+    if layer.get("error"):
+        s += f" (ERROR in the flash_kda run: {layer['error']})"
+    elif not layer.get("dispatched", True):
         s += f" (WARNING: fla did not dispatch to flash_kda: {layer.get('dispatch_note', '')})"
     return s
 

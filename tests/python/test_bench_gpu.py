@@ -1,0 +1,39 @@
+"""The benchmark end to end on one small case (needs an sm_90 GPU; skipped elsewhere)."""
+
+import json
+
+import pytest
+
+import _bench_path  # noqa: F401
+from flash_kda_bench.main import main as bench_main
+
+
+@pytest.mark.cuda_sm90
+@pytest.mark.parametrize("state", ["fp32", "bf16", "none"])
+def test_small_case_runs_checks_and_writes(tmp_path, state):
+    out = tmp_path / "out"
+    md = tmp_path / "record.md"
+    rc = bench_main(["--T", "1024", "--heads", "4", "--state", state, "--iters", "5", "--warmup", "2",
+                     "--out-dir", str(out), "--markdown", str(md), "--no-plot"])
+    results = json.loads((out / "results.json").read_text())
+    (case,) = results["cases"]
+    assert case["errors"].get("check") is None, case["errors"]
+    assert case["check"]["out_err"] < 1e-2
+    if state != "none":
+        assert case["check"]["state_err"] < 1e-2
+    assert case["times"]["flash_kda"]["eager"]["median"] > 0
+    assert case["times"]["flash_kda"]["graph"]["median"] > 0
+    assert results["copy_bandwidth"] > 1e12  # any HBM GPU copies faster than 1 TB/s
+    assert rc == 0
+    assert "| h4_fixed_1024 |" in md.read_text()
+
+
+@pytest.mark.cuda_sm90
+def test_varlen_case_against_fla(tmp_path):
+    pytest.importorskip("fla.ops.kda")
+    rc = bench_main(["--seqlens", "300,17,700", "--heads", "8", "--iters", "5", "--warmup", "2",
+                     "--out-dir", str(tmp_path), "--no-plot"])
+    (case,) = json.loads((tmp_path / "results.json").read_text())["cases"]
+    assert case["check"]["out_vs_fla"] < 2e-2 and case["check"]["fla_out_err"] < 1e-2
+    assert case["times"]["fla"]["eager"]["median"] > 0
+    assert rc == 0
