@@ -8,6 +8,7 @@ measurements. Results are lists of milliseconds summarised by `summarize`.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from typing import Callable
 
@@ -83,7 +84,7 @@ def copy_bandwidth(nbytes: int = 1 << 30, warmup: int = 5, iters: int = 50) -> f
 
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
     dst = torch.empty_like(src)
-    ms = statistics.median(time_eager(lambda: dst.copy_(src), warmup, iters))
+    ms = statistics.median(time_eager(functools.partial(dst.copy_, src), warmup, iters))
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes / (ms * 1e-3)
