@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Whole check of flash_kda on an offline sm_90 GPU machine, in about 9 minutes on 16 cores:
+#   1. installs the carried wheels (.whl/*.whl: fla) into /tmp/site, no registry needed;
+#   2. builds and installs the package (pip, scikit-build-core, CUTLASS from .cutlass/include or
+#      $CUTLASS_INCLUDE_DIR) while the C++ GoogleTest suite builds alongside (build-gpucheck/);
+#   3. runs ctest, the rest of the pytest suite (-n with pytest-xdist when present), the GPU
+#      forward suite (tests/python/test_fwd_*.py, serial),
+#      scripts/sanitize.py (compute-sanitizer memcheck + racecheck) and `python -m flash_kda.bench`;
+#   4. prints the accuracy table and, last, a summary table (passed/failed/skipped per suite,
+#      sanitizer result, benchmark headline).
+# Logs (and accuracy.md, junit XML) go to $OUT when set, else to a fresh temporary directory.
+# Exit status: 0 when every step passed, 1 otherwise.
+#
+# Knobs (environment): GPU_CHECK_BUDGET_S (whole-run deadline, default 560), GPU_CHECK_SKIP_BUILD=1
+# (reuse the installed package and build-gpucheck/), GPU_CHECK_PYTEST_ARGS (extra pytest args),
+# GPU_CHECK_SKIP_BENCH=1, GPU_CHECK_SKIP_SANITIZE=1.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+LOG=${OUT:-$(mktemp -d /tmp/gpu-check.XXXXXX)}
+mkdir -p "$LOG"
+JOBS=$(nproc)
+BUDGET=${GPU_CHECK_BUDGET_S:-560}
+export FLASH_KDA_REPORT_DIR=$LOG FLASH_KDA_REQUIRE_FLA=1
+export PIP_BREAK_SYSTEM_PACKAGES=1  # a GPU image's system Python may be marked externally managed
+export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+export CUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR:-$ROOT/.cutlass/include}
+PY=${PYTHON:-python3}
+echo "gpu-check: logs in $LOG, $JOBS cores, budget ${BUDGET}s"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$LOG/gpu.txt"
+
+declare -A STATUS SECS
+ORDER=()
+# run_step NAME CAP_SECONDS CMD...: runs CMD under a timeout (the smaller of CAP and what is left
+# of the budget, keeping 20 s for the summary), logs to $LOG/NAME.log, records status and time.
+run_step() {
+  local name=$1 cap=$2; shift 2
+  local left=$((BUDGET - SECONDS - 20))
+  local limit=$((cap < left ? cap : left))
+  ORDER+=("$name")
+  if ((limit < 10)); then
+    STATUS[$name]="not run (out of time)"; SECS[$name]=0; return 1
+  fi
+  local t0=$SECONDS rc
+  echo "gpu-check: == $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" >"$LOG/$name.log" 2>&1
+  rc=$?
+  SECS[$name]=$((SECONDS - t0))
+  if ((rc == 0)); then STATUS[$name]=pass
+  elif ((rc == 124 || rc == 137)); then STATUS[$name]="timeout (${limit}s)"
+  else STATUS[$name]="FAIL (exit $rc)"; fi
+  echo "gpu-check:    $name: ${STATUS[$name]} in ${SECS[$name]}s"
+  if ((rc != 0)); then tail -n 25 "$LOG/$name.log"; fi
+  return $rc
+}
+skip_step() { ORDER+=("$1"); STATUS[$1]="skipped: $2"; SECS[$1]=0; }
+
+# 1. Carried wheels (fla for the accuracy comparison and the dispatch test).
+run_step wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+
+# 2. Package build (foreground) and C++ test build (background) share the cores: each is mostly
+#    a handful of long nvcc compiles.
+# shellcheck disable=SC2317  # run through `bash -c build_cpp` below
+build_cpp() {
+  cmake -S "$ROOT" -B "$ROOT/build-gpucheck" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFLASH_KDA_CUDA=ON -DFLASH_KDA_TESTS=ON -DFLASH_KDA_EXAMPLES=ON \
+    -DFLASH_KDA_CUTLASS_INCLUDE_DIR="$CUTLASS_INCLUDE_DIR" &&
+    cmake --build "$ROOT/build-gpucheck" -j "$JOBS"
+}
+export -f build_cpp
+export ROOT JOBS
+if [[ ${GPU_CHECK_SKIP_BUILD:-0} == 1 ]]; then
+  skip_step build "GPU_CHECK_SKIP_BUILD=1"
+  run_step ctest-build 300 bash -c build_cpp
+else
+  CPP_T0=$SECONDS
+  (timeout 360 bash -c build_cpp >"$LOG/ctest-build.log" 2>&1; echo $? >"$LOG/ctest-build.rc") &
+  CPP_PID=$!
+  run_step build 360 "$PY" -m pip install --no-index --no-build-isolation --no-deps -v "$ROOT"
+  wait "$CPP_PID"
+  ORDER+=(ctest-build); SECS[ctest-build]=$((SECONDS - CPP_T0))
+  rc=$(cat "$LOG/ctest-build.rc" 2>/dev/null || echo 1)
+  if [[ $rc == 0 ]]; then STATUS[ctest-build]=pass; else STATUS[ctest-build]="FAIL (exit $rc)"; tail -n 25 "$LOG/ctest-build.log"; fi
+fi
+
+# 3. Tests. The sanitizer runs in the background during the pytest steps (it is bound by one
+#    instrumented process, not by the GPU); the benchmark runs alone at the end.
+if [[ ${STATUS[ctest-build]} == pass ]]; then
+  run_step ctest 120 ctest --test-dir "$ROOT/build-gpucheck" -j "$JOBS" --output-on-failure \
+    --output-junit "$LOG/ctest.xml"
+else
+  skip_step ctest "the C++ build failed"
+fi
+
+SAN_PID=
+if [[ ${GPU_CHECK_SKIP_SANITIZE:-0} == 1 ]]; then
+  skip_step sanitize "GPU_CHECK_SKIP_SANITIZE=1"
+else
+  SAN_T0=$SECONDS
+  SAN_LIMIT=$((BUDGET - SECONDS - 60))
+  SAN_LIMIT=$((SAN_LIMIT < 420 ? SAN_LIMIT : 420))
+  (timeout $((SAN_LIMIT + 15)) "$PY" scripts/sanitize.py --log-dir "$LOG" --timeout "$SAN_LIMIT" >"$LOG/sanitize.log" 2>&1
+   echo $? >"$LOG/sanitize.rc") &
+  SAN_PID=$!
+fi
+
+XDIST=()
+if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n "$((JOBS / 2))"); fi
+# shellcheck disable=SC2086
+run_step pytest-rest 150 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider "${XDIST[@]}" \
+  --ignore-glob='*/test_fwd_*.py' --junitxml="$LOG/pytest-rest.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+# shellcheck disable=SC2086
+run_step pytest-gpu 330 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider \
+  --durations=10 --junitxml="$LOG/pytest-gpu.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+
+if [[ -n $SAN_PID ]]; then
+  wait "$SAN_PID"
+  ORDER+=(sanitize); SECS[sanitize]=$((SECONDS - SAN_T0))
+  rc=$(cat "$LOG/sanitize.rc" 2>/dev/null || echo 1)
+  if [[ $rc == 0 ]]; then STATUS[sanitize]=pass; else STATUS[sanitize]="FAIL (exit $rc)"; fi
+fi
+
+if [[ ${GPU_CHECK_SKIP_BENCH:-0} == 1 ]]; then
+  skip_step bench "GPU_CHECK_SKIP_BENCH=1"
+elif "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('flash_kda.bench') is None)" 2>/dev/null; then
+  run_step bench 150 "$PY" -m flash_kda.bench --out-dir "$LOG/bench"
+else
+  skip_step bench "flash_kda.bench is not installed"
+fi
+
+# 4. Report: the accuracy table, then the summary table last.
+if [[ -f $LOG/accuracy.md ]]; then echo; cat "$LOG/accuracy.md"; fi
+ORDER_STR="${ORDER[*]}"
+STATUS_DUMP=$(for n in "${ORDER[@]}"; do printf '%s\t%s\t%s\n' "$n" "${STATUS[$n]}" "${SECS[$n]}"; done)
+STATUS_DUMP=$STATUS_DUMP LOG=$LOG "$PY" - <<'PYEOF'
+# Summary table: one row per step; test counts from the junit XML that ctest and pytest wrote.
+import os, re, xml.etree.ElementTree as ET
+log = os.environ["LOG"]
+junit = {"ctest": "ctest.xml", "pytest-rest": "pytest-rest.xml", "pytest-gpu": "pytest-gpu.xml"}
+
+def counts(path):
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    get = lambda s, k: int(float(s.get(k, 0) or 0))
+    tests = sum(get(s, "tests") for s in suites)
+    failed = sum(get(s, "failures") + get(s, "errors") for s in suites)
+    skipped = sum(get(s, "skipped") + get(s, "disabled") for s in suites)
+    return tests - failed - skipped, failed, skipped
+
+def note(step):
+    path = os.path.join(log, step + ".log")
+    text = open(path, errors="replace").read() if os.path.exists(path) else ""
+    if step == "sanitize":
+        return "; ".join(l.split(": ", 1)[1].split(" (")[0] for l in text.splitlines()
+                         if re.match(r"sanitize: (memcheck|racecheck): ", l)) or text.strip()[-80:]
+    if step == "bench":
+        lines = [l.strip() for l in text.splitlines() if l.strip()]
+        head = [l for l in lines if re.search(r"geo|geomean|headline", l, re.I)]
+        return (head or lines or [""])[-1][:110]
+    return ""
+
+rows = []
+for line in os.environ["STATUS_DUMP"].splitlines():
+    step, status, secs = line.split("\t")
+    c = counts(os.path.join(log, junit[step])) if step in junit else None
+    p, f, s = (str(x) for x in c) if c else ("", "", "")
+    rows.append((step, status, secs, p, f, s, note(step)))
+head = ("step", "result", "s", "passed", "failed", "skipped", "note")
+w = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+fmt = lambda r: "| " + " | ".join(x.ljust(w[i]) for i, x in enumerate(r)) + " |"
+print("\ngpu-check summary (logs: %s)" % log)
+print(fmt(head)); print("|" + "|".join("-" * (n + 2) for n in w) + "|")
+for r in rows:
+    print(fmt(r))
+PYEOF
+for n in $ORDER_STR; do
+  [[ ${STATUS[$n]} == pass || ${STATUS[$n]} == skipped:* ]] || exit 1
+done
+exit 0

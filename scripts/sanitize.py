@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Runs small cases of every flash_kda.fwd variant under NVIDIA compute-sanitizer.
+
+Variants: fixed length (T = 1, T < 16, T off the 16-token grid), varlen with zero-length and
+1-token sequences (int64 and int32 cu_seqlens), states none / bf16 / fp32, final state without
+initial state, and the in-place state update. Each case is also checked against the fp64
+reference (relative Frobenius error <= 1e-2), so a case that silently did nothing fails too.
+
+Tools: memcheck (out-of-bounds and misaligned global/shared accesses, launch errors) and
+racecheck (shared-memory data races). PyTorch's caching allocator is switched off in the
+sanitized process (PYTORCH_NO_CUDA_MEMORY_CACHING=1) so every tensor is its own allocation and
+an overrun past one is reported instead of landing silently in a neighbour.
+
+Exit status: 0 when every tool reports 0 errors and every case passed; 1 when a tool reported
+errors or a case failed; 2 when compute-sanitizer or the GPU is missing.
+
+    python3 scripts/sanitize.py                     # both tools, logs under ./sanitize-logs
+    python3 scripts/sanitize.py --tool memcheck --log-dir $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+
+TOOLS = ("memcheck", "racecheck")
+DONE_MARK = "sanitize: all cases ran"
+
+
+def _cases():
+    from fwd_cases import Case
+
+    mix = (0, 5, 1, 0, 17, 16, 0)
+    return [
+        Case("san_fixed_T33_H2_nostate", heads=2, seqlen=33, batch=2),
+        Case("san_fixed_T16_H2_bf16", heads=2, seqlen=16, batch=1, state="bf16"),
+        Case("san_fixed_T1_H1_fp32", heads=1, seqlen=1, batch=2, state="fp32"),
+        Case("san_fixed_T7_H2_fp32", heads=2, seqlen=7, batch=2, state="fp32"),
+        Case("san_fixed_T47_H2_fp32_final_only", heads=2, seqlen=47, batch=1, state="fp32", with_initial=False),
+        Case("san_varlen_H2_nostate", heads=2, seq_lens=mix),
+        Case("san_varlen_H2_bf16", heads=2, seq_lens=mix, state="bf16"),
+        Case("san_varlen_H2_fp32_int32", heads=2, seq_lens=mix, state="fp32", cu_dtype="int32"),
+        Case("san_varlen_H2_bf16_final_only", heads=2, seq_lens=mix, state="bf16", with_initial=False),
+    ]
+
+
+def run_cases() -> int:
+    """The sanitized process: every case once, plus in-place state updates; 1 on a wrong result."""
+    import torch
+    from fwd_cases import call_fwd, make_inputs, new_outputs, reference, rel_err, sliced_outputs, sm90_skip_reason
+
+    reason = sm90_skip_reason()
+    if reason:
+        print(f"sanitize: cannot run: {reason}", flush=True)
+        return 2
+    failures = 0
+    for case in _cases():
+        x = make_inputs(case)
+        runs = [("separate", None)]
+        if x.initial_state is not None:
+            runs.append(("in-place", x.initial_state.clone()))
+        for how, state in runs:
+            out, final_state = new_outputs(x)
+            if state is not None:
+                final_state = state
+                call_fwd(x, out, final_state, initial_state=state)
+            else:
+                call_fwd(x, out, final_state)
+            torch.cuda.synchronize()
+            ref_o, ref_s = reference(x)
+            o, s = sliced_outputs(x, out, final_state)
+            errs = [rel_err(o, ref_o)] + ([] if s is None else [rel_err(s, ref_s)])
+            ok = all(e <= 1e-2 for e in errs)  # NaN compares False
+            failures += not ok
+            print(f"sanitize: {case.name} ({how}): {'ok' if ok else 'WRONG'} rel. errors "
+                  + ", ".join(f"{e:.2e}" for e in errs), flush=True)
+    print(DONE_MARK if failures == 0 else f"sanitize: {failures} case(s) gave wrong results", flush=True)
+    return 1 if failures else 0
+
+
+def _summary_errors(tool: str, text: str):
+    """Error count from compute-sanitizer's closing summary, or None if it printed none."""
+    if tool == "racecheck":
+        m = re.findall(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)", text)
+        if m:
+            return int(m[-1][0])
+    m = re.findall(r"ERROR SUMMARY: (\d+) errors?", text)
+    return int(m[-1]) if m else None
+
+
+def _sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root and os.path.exists(os.path.join(root, "bin", "compute-sanitizer")):
+            return os.path.join(root, "bin", "compute-sanitizer")
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tool", choices=TOOLS, action="append", help="tool to run (repeatable; default: all)")
+    ap.add_argument("--log-dir", default="sanitize-logs", help="where each tool's full output is written")
+    ap.add_argument("--timeout", type=float, default=420.0, help="seconds allowed per tool")
+    ap.add_argument("--run-cases", action="store_true", help=argparse.SUPPRESS)  # the sanitized child
+    args = ap.parse_args()
+    if args.run_cases:
+        return run_cases()
+
+    sanitizer = _sanitizer()
+    if sanitizer is None:
+        print("sanitize: compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
+        return 2
+    os.makedirs(args.log_dir, exist_ok=True)
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", CUDA_MODULE_LOADING="LAZY")
+    procs = {}
+    for tool in args.tool or TOOLS:
+        log_path = os.path.join(args.log_dir, f"sanitize-{tool}.log")
+        cmd = [sanitizer, "--tool", tool, "--error-exitcode", "86", "--print-limit", "100"]
+        if tool == "racecheck":
+            cmd += ["--racecheck-report", "all"]
+        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases"]
+        log = open(log_path, "w")
+        # Both tools at once: each is bound by one process's instrumented launches, not the GPU.
+        procs[tool] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, log_path,
+                       time.monotonic())
+
+    status = 0
+    for tool, (proc, log, log_path, t0) in procs.items():
+        try:
+            rc = proc.wait(timeout=max(1.0, args.timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+            print(f"sanitize: {tool}: timed out after {args.timeout:.0f} s")
+        log.close()
+        text = open(log_path, errors="replace").read()
+        errors = _summary_errors(tool, text)
+        ran = DONE_MARK in text
+        ok = rc == 0 and errors == 0 and ran
+        if not ok:
+            status = max(status, 2 if "cannot run" in text else 1)
+        print(f"sanitize: {tool}: {'PASS' if ok else 'FAIL'} (exit {rc}, errors {errors}, "
+              f"cases {'ran' if ran else 'did not all run'}; {time.monotonic() - t0:.0f} s; log {log_path})")
+        if not ok:
+            print("\n".join(text.splitlines()[-30:]))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Bad calls to flash_kda.fwd raise flash_kda.Error naming the offending argument, before any
+kernel runs: out and final_state keep their (random, sentinel) contents bit for bit and no
+input changes. The good call built here is checked to succeed, so every case differs from a
+valid call by exactly the one defect it names.
+"""
+from __future__ import annotations
+
+import pytest
+
+from fwd_cases import Case, make_inputs, new_outputs
+
+pytestmark = pytest.mark.cuda_sm90  # conftest.py skips these without an sm_90 GPU and CUDA build
+
+FIXED = Case("errors_fixed", heads=4, seqlen=33, batch=2, state="fp32")
+VARLEN = Case("errors_varlen", heads=4, seq_lens=(5, 0, 28), state="bf16")
+ORDER = ("q", "k", "v", "g", "beta", "scale", "out", "A_log", "dt_bias", "lower_bound")
+
+
+def _good_call(case: Case) -> dict:
+    """Arguments of a valid fwd call on `case`; out/final_state hold random sentinel values."""
+    x = make_inputs(case)
+    out, final_state = new_outputs(x, fill=0.0)
+    out.normal_()
+    if final_state is not None:
+        final_state.normal_()
+    return dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, scale=x.scale, out=out, A_log=x.A_log,
+                dt_bias=x.dt_bias, lower_bound=x.lower_bound, initial_state=x.initial_state,
+                final_state=final_state, cu_seqlens=x.cu_seqlens)
+
+
+def _call(kw: dict) -> None:
+    import flash_kda
+
+    flash_kda.fwd(*(kw[n] for n in ORDER), initial_state=kw["initial_state"],
+                  final_state=kw["final_state"], cu_seqlens=kw["cu_seqlens"])
+
+
+def _int64():
+    import torch
+
+    return torch.int64
+
+
+def _non_contiguous(t):
+    """Same shape and values as t, strides not row-major."""
+    return t.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+# (id, base case, edit(kw) -> None, argument the error must name)
+BAD = [
+    ("q_fp32", FIXED, lambda kw: kw.update(q=kw["q"].float()), "q"),
+    ("k_fp16", FIXED, lambda kw: kw.update(k=kw["k"].half()), "k"),
+    ("v_rank3", FIXED, lambda kw: kw.update(v=kw["v"][0]), "v"),
+    ("g_short_T", FIXED, lambda kw: kw.update(g=kw["g"][:, :-1].contiguous()), "g"),
+    ("beta_rank4", FIXED, lambda kw: kw.update(beta=kw["beta"][..., None]), "beta"),
+    ("beta_fp16", FIXED, lambda kw: kw.update(beta=kw["beta"].half()), "beta"),
+    ("k_other_heads", FIXED, lambda kw: kw.update(k=kw["k"][:, :, :2].contiguous()), "k"),
+    ("qk_head_dim_64", FIXED, lambda kw: kw.update(  # g and dt_bias follow K, so K = 64 is the one defect
+        q=kw["q"][..., :64].contiguous(), k=kw["k"][..., :64].contiguous(), g=kw["g"][..., :64].contiguous(),
+        dt_bias=kw["dt_bias"][:, :64].contiguous()), "q"),
+    ("q_non_contiguous", FIXED, lambda kw: kw.update(q=_non_contiguous(kw["q"])), "q"),
+    ("v_on_host", FIXED, lambda kw: kw.update(v=kw["v"].cpu()), "v"),
+    ("out_fp32", FIXED, lambda kw: kw.update(out=kw["out"].float()), "out"),
+    ("out_wrong_shape", FIXED, lambda kw: kw.update(out=kw["out"][:, :-1].contiguous()), "out"),
+    ("out_non_contiguous", FIXED, lambda kw: kw.update(out=_non_contiguous(kw["out"])), "out"),
+    ("out_is_q", FIXED, lambda kw: kw.update(out=kw["q"]), "out"),
+    ("out_is_v", FIXED, lambda kw: kw.update(out=kw["v"]), "out"),
+    ("scale_negative", FIXED, lambda kw: kw.update(scale=-1.0), "scale"),
+    ("lower_bound_zero", FIXED, lambda kw: kw.update(lower_bound=0.0), "lower_bound"),
+    ("lower_bound_below_minus5", FIXED, lambda kw: kw.update(lower_bound=-5.5), "lower_bound"),
+    ("A_log_wrong_shape", FIXED, lambda kw: kw.update(A_log=kw["A_log"][:-1].contiguous()), "A_log"),
+    ("A_log_bf16", FIXED, lambda kw: kw.update(A_log=kw["A_log"].bfloat16()), "A_log"),
+    ("dt_bias_wrong_shape", FIXED, lambda kw: kw.update(dt_bias=kw["dt_bias"][:, :64].contiguous()), "dt_bias"),
+    ("initial_state_wrong_N", FIXED, lambda kw: kw.update(initial_state=kw["initial_state"][:1].contiguous()),
+     "initial_state"),
+    ("initial_state_fp16", FIXED,
+     lambda kw: kw.update(initial_state=kw["initial_state"].half(), final_state=None), "initial_state"),
+    ("final_state_dtype_differs", FIXED, lambda kw: kw.update(final_state=kw["final_state"].bfloat16()),
+     "final_state"),
+    ("final_state_wrong_shape", FIXED, lambda kw: kw.update(final_state=kw["final_state"][:, :2].contiguous()),
+     "final_state"),
+    ("cu_seqlens_with_batch_2", FIXED,
+     lambda kw: kw.update(cu_seqlens=kw["q"].new_tensor([0, 33, 66], dtype=_int64())), "cu_seqlens"),
+    ("cu_seqlens_float", VARLEN, lambda kw: kw.update(cu_seqlens=kw["cu_seqlens"].float()), "cu_seqlens"),
+    ("cu_seqlens_on_host", VARLEN, lambda kw: kw.update(cu_seqlens=kw["cu_seqlens"].cpu()), "cu_seqlens"),
+    ("cu_seqlens_rank2", VARLEN, lambda kw: kw.update(cu_seqlens=kw["cu_seqlens"][None]), "cu_seqlens"),
+    ("varlen_initial_state_wrong_N", VARLEN,
+     lambda kw: kw.update(initial_state=kw["initial_state"][:2].contiguous()), "initial_state"),
+]
+
+
+@pytest.mark.parametrize("case", [FIXED, VARLEN], ids=lambda c: c.name)
+def test_good_call_succeeds(case):
+    """The base calls are valid: the bad ones below fail for their one defect only."""
+    import torch
+
+    kw = _good_call(case)
+    out_before = kw["out"].clone()
+    _call(kw)
+    torch.cuda.synchronize()
+    assert not torch.equal(kw["out"], out_before), "a valid call must write out"
+    assert torch.isfinite(kw["out"]).all()
+
+
+@pytest.mark.parametrize("name,case,edit,argument", BAD, ids=[b[0] for b in BAD])
+def test_bad_call_raises_and_writes_nothing(name, case, edit, argument):
+    import torch
+    import flash_kda
+
+    kw = _good_call(case)
+    edit(kw)
+    torch.cuda.synchronize()
+    before = {n: (t.clone() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    with pytest.raises(flash_kda.Error) as info:
+        _call(kw)
+    torch.cuda.synchronize()
+    assert isinstance(info.value, ValueError)
+    assert getattr(info.value, "argument", None) == argument, \
+        f"{name}: error names {getattr(info.value, 'argument', None)!r}, expected {argument!r}: {info.value}"
+    assert argument in str(info.value), f"{name}: message does not name {argument!r}: {info.value}"
+    for n, t in kw.items():
+        if isinstance(t, torch.Tensor):
+            assert torch.equal(t, before[n]), f"{name}: {n} changed although the call was rejected"
+
+
+def test_in_place_state_must_be_the_same_buffer():
+    """final_state may be initial_state itself (in-place update), but not a partial overlap."""
+    import torch
+    import flash_kda
+
+    kw = _good_call(FIXED)
+    big = torch.randn((3, *kw["initial_state"].shape[1:]), dtype=torch.float32, device="cuda")
+    kw["initial_state"] = big[:2]
+    kw["final_state"] = big[1:]
+    before = big.clone()
+    out_before = kw["out"].clone()
+    with pytest.raises(flash_kda.Error) as info:
+        _call(kw)
+    torch.cuda.synchronize()
+    assert info.value.argument == "final_state", str(info.value)
+    assert torch.equal(big, before) and torch.equal(kw["out"], out_before)
