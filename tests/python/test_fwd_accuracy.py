@@ -66,6 +66,10 @@ def _grid() -> list:
                       decay_range=(16.0, 16.0)))
     cases.append(Case("no_decay_T8192_H4_bf16", heads=4, seqlen=8192, state="bf16", dt_bias_range=(-5.0, -5.0),
                       decay_range=(16.0, 16.0)))
+    # Longer than one of the kernel's record windows (~17k tokens at H = 96): the state of the
+    # sequence crossing a window boundary is carried between launches.
+    cases.append(Case("multiwindow_varlen_H96_fp32", heads=96, seq_lens=(12000, 0, 1, 9001, 3), state="fp32"))
+    cases.append(Case("multiwindow_fixed_T40000_H96_bf16", heads=96, seqlen=40000, state="bf16"))
     for lb in (-5.0, -0.1):
         cases.append(Case(f"extreme_all_lb{lb}_varlen_H96_fp32", heads=96, seq_lens=VARLEN_MIX, state="fp32",
                           lower_bound=lb, decay_range=(16.0, 1e3), dt_bias_range=(-5.0, 5.0),

@@ -13,6 +13,8 @@ CASES = [
     Case("det_fixed_T8192_H4_bf16", heads=4, seqlen=8192, state="bf16"),
     Case("det_varlen_H8_bf16", heads=8, seq_lens=(0, 1, 517, 0, 16, 2049, 33, 1), state="bf16"),
     Case("det_fixed_T17_H4_nostate", heads=4, seqlen=17, batch=3),
+    # Several of the kernel's record windows (~17k tokens each at H = 96), with carried states.
+    Case("det_varlen_H96_fp32_multiwindow", heads=96, seq_lens=(12000, 0, 1, 9001, 20000), state="fp32"),
 ]
 
 

@@ -57,7 +57,7 @@ BAD = [
     ("k_other_heads", FIXED, lambda kw: kw.update(k=kw["k"][:, :, :2].contiguous()), "k"),
     ("qk_head_dim_64", FIXED, lambda kw: kw.update(  # g and dt_bias follow K, so K = 64 is the one defect
         q=kw["q"][..., :64].contiguous(), k=kw["k"][..., :64].contiguous(), g=kw["g"][..., :64].contiguous(),
-        dt_bias=kw["dt_bias"][:, :64].contiguous()), "q"),
+        dt_bias=kw["dt_bias"][:, :64].contiguous(), initial_state=None, final_state=None), "q"),
     ("q_non_contiguous", FIXED, lambda kw: kw.update(q=_non_contiguous(kw["q"])), "q"),
     ("v_on_host", FIXED, lambda kw: kw.update(v=kw["v"].cpu()), "v"),
     ("out_fp32", FIXED, lambda kw: kw.update(out=kw["out"].float()), "out"),

@@ -26,6 +26,9 @@ CASES = [
     (Case("graph_varlen_H4_bf16", heads=4, seq_lens=LENS, state="bf16"), None),
     # Replay with the same N and total tokens but other lengths (reversed), zero-length ones moved.
     (Case("graph_varlen_H4_fp32_new_lengths", heads=4, seq_lens=LENS, state="fp32"), tuple(reversed(LENS))),
+    # Several record windows (~17k tokens each at H = 96), so several launches per call.
+    (Case("graph_varlen_H96_fp32_multiwindow_new_lengths", heads=96, seq_lens=(12000, 0, 1, 9001, 3),
+          state="fp32"), (3, 9001, 1, 0, 12000)),
 ]
 
 

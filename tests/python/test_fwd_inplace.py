@@ -15,6 +15,10 @@ CASES = [
     Case("inplace_fixed_T8192_H96_fp32", heads=96, seqlen=8192, state="fp32"),
     Case("inplace_varlen_H4_fp32", heads=4, seq_lens=(0, 33, 1, 0, 2000, 16), state="fp32"),
     Case("inplace_varlen_H8_bf16", heads=8, seq_lens=(700, 0, 17, 5000), state="bf16"),
+    # Past the kernel's ~2 GiB record window (about 17k tokens at H = 96): a sequence's state is
+    # carried across windows while the in-place buffer is being overwritten.
+    Case("inplace_fixed_T20000_H96_fp32_multiwindow", heads=96, seqlen=20000, state="fp32"),
+    Case("inplace_varlen_H96_bf16_multiwindow", heads=96, seq_lens=(9000, 0, 15000, 1), state="bf16"),
 ]
 
 
