@@ -53,13 +53,14 @@ def _cases():
 
 def run_cases() -> int:
     """The sanitized process: every case once, plus in-place state updates; 1 on a wrong result."""
-    import torch
     from fwd_cases import call_fwd, make_inputs, new_outputs, reference, rel_err, sliced_outputs, sm90_skip_reason
 
     reason = sm90_skip_reason()
     if reason:
         print(f"sanitize: cannot run: {reason}", flush=True)
         return 2
+    import torch
+
     failures = 0
     for case in _cases():
         x = make_inputs(case)
