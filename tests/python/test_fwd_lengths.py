@@ -70,6 +70,9 @@ EMPTY = [Case(f"varlen_empty_{state}_{'init' if init else 'noinit'}", heads=4,
          for state, init in (("fp32", True), ("bf16", True), ("fp32", False), ("bf16", False), (None, False))]
 EMPTY.append(Case("varlen_empty_first_and_last_fp32", heads=2, seq_lens=(0, 70, 0), state="fp32"))
 EMPTY.append(Case("varlen_single_token_seqs_bf16", heads=4, seq_lens=(1,) * 50, state="bf16"))
+# T_total = 0 is a valid call (docs/errors.md): nothing to write but the passed-through states.
+EMPTY.append(Case("varlen_all_empty_fp32", heads=4, seq_lens=(0, 0, 0), state="fp32"))
+EMPTY.append(Case("fixed_T0_B2_bf16", heads=4, seqlen=0, batch=2, state="bf16"))
 
 
 @pytest.mark.parametrize("case", EMPTY, ids=lambda c: c.name)
