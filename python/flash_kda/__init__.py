@@ -11,7 +11,15 @@ fla.ops.kda.chunk_kda). Public API:
 The package imports without PyTorch; only :func:`fwd` needs it.
 """
 
-from . import _core
+try:
+    # torch must be loaded before the extension: with flash_kda._core (static CUDA runtime)
+    # loaded first, `import torch` crashed on the H200 image (torch 2.11, cu130). The package
+    # still imports without torch.
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
+from . import _core  # noqa: E402
 from ._forward import fwd
 from ._reference import reference
 

@@ -10,7 +10,9 @@ namespace flash_kda::sm90 {
 namespace {
 
 constexpr int kThreads = kHeadDim;  // thread c owns key channel c and value column c
-constexpr int kPad = kHeadDim + 1;  // odd row stride: row-parallel reads of one column hit distinct banks
+// Row stride 132 floats: float4 reads of 16 different rows spread over all banks (4 per row),
+// and column writes by consecutive threads stay conflict-free.
+constexpr int kPad = kHeadDim + 4;
 
 __device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32) {
   return is_f32 ? static_cast<const float*>(base)[i]
@@ -23,11 +25,14 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-__global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareParams p) {
-  __shared__ float s_kd[kChunk][kPad], s_qd[kChunk][kPad], s_ki[kChunk][kPad];
+// 4 blocks per SM (<= 128 registers): the block spends much of its time in serial
+// stretches (norm reductions, the 16x16 inverse) that only other resident blocks can hide.
+__global__ void __launch_bounds__(kThreads, 4) prepare_kernel(const PrepareParams p) {
+  __shared__ __align__(16) float s_kd[kChunk][kPad], s_qd[kChunk][kPad], s_ki[kChunk][kPad];
   __shared__ float s_norm[kThreads / 32][2 * kChunk];
   __shared__ float s_b[kChunk];
-  __shared__ float s_L[kChunk][kChunk + 1], s_M[kChunk][kChunk + 1], s_Ab[kChunk][kChunk + 1];
+  __shared__ float s_L[kChunk][kChunk + 1];
+  __shared__ __align__(16) float s_M[kChunk][kChunk], s_Ab[kChunk][kChunk];  // read as float4 rows
 
   const int c = threadIdx.x, lane = c % 32, warp = c / 32;
   const int hv = blockIdx.y, h = hv / (p.value_heads / p.heads);
@@ -104,11 +109,14 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareParams p
     const bool is_m = lane >= kChunk;
     const float(*src)[kPad] = is_m ? s_qd : s_kd;
     float dot[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-    for (int cc = 0; cc < kHeadDim; ++cc) {
-      const float kij = s_ki[j][cc];
+#pragma unroll 4
+    for (int cc = 0; cc < kHeadDim; cc += 4) {
+      const float4 kij = *reinterpret_cast<const float4*>(&s_ki[j][cc]);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) dot[r] += src[4 * warp + r][cc] * kij;
+      for (int r = 0; r < 4; ++r) {
+        const float4 x = *reinterpret_cast<const float4*>(&src[4 * warp + r][cc]);
+        dot[r] += x.x * kij.x + x.y * kij.y + x.z * kij.z + x.w * kij.w;
+      }
     }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -135,13 +143,18 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareParams p
   }
   __syncthreads();
 
-  // Column c of W, U0 = Ab [kd | v]; Qe = qd - M W; O0 = M U0 (lower-triangular products).
+  // Column c of W, U0 = Ab [kd | v]; Qe = qd - M W; O0 = M U0. Ab and M are lower triangular
+  // with exact zeros above the diagonal, so whole float4 groups up to the diagonal are summed.
   float W[kChunk], U0[kChunk];
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
     float w = 0.f, u = 0.f;
 #pragma unroll
-    for (int j = 0; j <= i; ++j) { w += s_Ab[i][j] * kd[j]; u += s_Ab[i][j] * v[j]; }
+    for (int j0 = 0; j0 <= i; j0 += 4) {
+      const float4 ab = *reinterpret_cast<const float4*>(&s_Ab[i][j0]);
+      w += ab.x * kd[j0] + ab.y * kd[j0 + 1] + ab.z * kd[j0 + 2] + ab.w * kd[j0 + 3];
+      u += ab.x * v[j0] + ab.y * v[j0 + 1] + ab.z * v[j0 + 2] + ab.w * v[j0 + 3];
+    }
     W[i] = w;
     U0[i] = u;
   }
@@ -154,7 +167,11 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareParams p
   for (int i = 0; i < kChunk; ++i) {
     float qe = qd[i], o0 = 0.f;
 #pragma unroll
-    for (int j = 0; j <= i; ++j) { qe -= s_M[i][j] * W[j]; o0 += s_M[i][j] * U0[j]; }
+    for (int j0 = 0; j0 <= i; j0 += 4) {
+      const float4 m = *reinterpret_cast<const float4*>(&s_M[i][j0]);
+      qe -= m.x * W[j0] + m.y * W[j0 + 1] + m.z * W[j0 + 2] + m.w * W[j0 + 3];
+      o0 += m.x * U0[j0] + m.y * U0[j0 + 1] + m.z * U0[j0 + 2] + m.w * U0[j0 + 3];
+    }
     rW[i * kHeadDim + c] = __float2bfloat16(W[i]);
     rQe[i * kHeadDim + c] = __float2bfloat16(qe);
     rKr[i * kHeadDim + c] = __float2bfloat16(k[i] * __expf(G_C - G[i]));

@@ -10,7 +10,9 @@
 //
 // The m16n8 accumulator of one product is, register for register, the A operand of the next
 // (the FlashAttention-2 register reuse), so S and U never leave registers. Records are
-// double-buffered with cp.async so the chain waits on math only.
+// prefetched kStages - 1 chunks ahead with cp.async: one chunk step is ~0.3 us of math, far
+// less than a record's load latency, so a single chunk of look-ahead left the chain waiting
+// on memory (measured 1.8 us per step with double buffering).
 #include <cuda_bf16.h>
 
 #include <cute/arch/copy_sm75.hpp>
@@ -23,6 +25,7 @@ namespace flash_kda::sm90 {
 namespace {
 
 using Mma = cute::SM80_16x8x16_F32BF16BF16F32_TN;
+constexpr int kStages = 4;
 
 template <int NW>
 struct Layout {
@@ -32,7 +35,7 @@ struct Layout {
   static constexpr int kW = 0, kQe = kMat, kKr = 2 * kMat;
   static constexpr int kU0T = 3 * kMat, kO0T = kU0T + kSlice, kGC = kO0T + kSlice;
   static constexpr int kStage = kGC + kHeadDim * 4;
-  static constexpr int kOut = 2 * kStage;             // per-warp [16 tok][16 v] bf16 staging
+  static constexpr int kOut = kStages * kStage;             // per-warp [16 tok][16 v] bf16 staging
   static constexpr int kBytes = kOut + NW * kChunk * kChunk * 2;
 };
 
@@ -115,14 +118,18 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   auto record = [&](int64_t c) {
     return p.records + ((first + c - p.slot_begin) * HV + hv) * int64_t(kRecordBytes);
   };
-  if (c_begin < c_end) load_record<NW>(smem, record(c_begin), v_block, tid);
-  cute::cp_async_fence();
+#pragma unroll
+  for (int s0 = 0; s0 < kStages - 1; ++s0) {
+    if (c_begin + s0 < c_end) load_record<NW>(smem + s0 * L::kStage, record(c_begin + s0), v_block, tid);
+    cute::cp_async_fence();
+  }
 
   for (int64_t c = c_begin; c < c_end; ++c) {
-    char* stage = smem + ((c - c_begin) & 1) * L::kStage;
-    if (c + 1 < c_end) load_record<NW>(smem + ((c + 1 - c_begin) & 1) * L::kStage, record(c + 1), v_block, tid);
+    char* stage = smem + ((c - c_begin) % kStages) * L::kStage;
+    const int64_t ahead = c + kStages - 1;  // refills the buffer freed at the end of the last step
+    if (ahead < c_end) load_record<NW>(smem + ((ahead - c_begin) % kStages) * L::kStage, record(ahead), v_block, tid);
     cute::cp_async_fence();
-    cute::cp_async_wait<1>();
+    cute::cp_async_wait<kStages - 1>();
     __syncthreads();
 
     // A operand of S^T for the 8 k-steps of 16 key channels.
