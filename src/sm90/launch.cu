@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "sm90/launch.h"
@@ -43,14 +44,18 @@ void check(cudaError_t e, const char* what) {
     throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
 }
 
-// Value columns per block (x16 per warp): as few blocks as keep every SM busy, since each
-// block re-reads the chunk's key-side record from L2.
-int pick_warps_per_block(const ProblemShape& p, int num_sms) {
-  const int64_t pairs = p.num_seqs * p.value_heads;
-  for (int nw : {8, 4, 2}) {
-    if (pairs * (kHeadDim / (16 * nw)) >= num_sms) return nw;
-  }
-  return 1;
+// Value columns per block (x16 per warp). One chunk step of a block is bound by the latency
+// of its own instruction stream, not by the SM: with 1-2 warps per block a step measured
+// 1.6 us (h4_fixed_65536, h32_fixed_8192), so 8 warps per block, sharing one record load and
+// spread over the 4 schedulers, is the default even where it leaves SMs idle.
+// FLASH_KDA_SM90_WARPS=1|2|4|8 overrides it (for tuning sweeps; see docs/perf-notes.md).
+int pick_warps_per_block() {
+  static const int chosen = [] {
+    const char* env = std::getenv("FLASH_KDA_SM90_WARPS");
+    const int w = env ? std::atoi(env) : 8;
+    return (w == 1 || w == 2 || w == 4 || w == 8) ? w : 8;
+  }();
+  return chosen;
 }
 
 // Makes `device` current for the launches and restores the caller's device afterwards.
@@ -76,10 +81,9 @@ size_t workspace_bytes(const ProblemShape& p) {
 void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace, size_t, Stream stream) {
   const int device = a.q.device_id;
   DeviceGuard guard(device);
-  int major = 0, minor = 0, num_sms = 0;
+  int major = 0, minor = 0;
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   if (major != 9 || minor != 0)
     throw Error("q", "tensors on an sm_90 (Hopper) GPU; device " + std::to_string(device) + " is sm_" +
                          std::to_string(major) + std::to_string(minor));
@@ -117,7 +121,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   rp.final_state = a.final_state.defined() ? a.final_state.data : nullptr;
   const TensorView& st = a.initial_state.defined() ? a.initial_state : a.final_state;
   rp.state_is_f32 = st.defined() && st.dtype == DType::F32;
-  const int nw = pick_warps_per_block(p, num_sms);
+  const int nw = pick_warps_per_block();
 
   for (int64_t w = 0; w < plan.num_windows; ++w) {
     const int64_t begin = w * plan.window_slots;

@@ -59,11 +59,11 @@ __global__ void __launch_bounds__(kThreads, 4) prepare_kernel(const PrepareParam
       q[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.q)[qk]);
       k[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.k)[qk]);
       v[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.v)[vg]);
-      a[t] = math::safe_gate(load_f(p.g, vg, p.g_is_f32) + bias, decay_rate, p.lower_bound);
+      a[t] = math::safe_gate_fast(load_f(p.g, vg, p.g_is_f32) + bias, decay_rate, p.lower_bound);
     }
   }
   if (c < kChunk) {
-    s_b[c] = c < valid ? math::beta_sigmoid(load_f(p.beta, (t0 + c) * p.value_heads + hv, p.beta_is_f32), false)
+    s_b[c] = c < valid ? math::beta_sigmoid_fast(load_f(p.beta, (t0 + c) * p.value_heads + hv, p.beta_is_f32))
                        : 0.f;
   }
 
