@@ -12,6 +12,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$root/build-test}
 py=${PYTHON:-python3}
 cd "$root"
+# ctest resolves a relative --output-junit path against the build dir: keep every path absolute.
+[[ $build == /* ]] || build=$root/$build
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFLASH_KDA_CUDA="${FLASH_KDA_CUDA:-ON}" \
   -DFLASH_KDA_TESTS=ON -DFLASH_KDA_EXAMPLES=ON
