@@ -103,8 +103,12 @@ size_t forward_workspace_size(const ForwardArgs& args);
 /// kernels only: no host synchronisation, no allocation (all scratch lives in `workspace`,
 /// at least forward_workspace_size(args) bytes, 256-byte aligned, on the tensors' device),
 /// so the call can be captured in a CUDA graph. Results are bitwise deterministic.
-/// Supported subset today: K = V = 128; bf16 q, k, v, g, beta, out; SafeSigmoid gate;
-/// use_qk_l2norm and use_beta_sigmoid on; allow_neg_eigval off; VFirst states (bf16 or fp32).
+/// Supported subset today: K = V = 128; bf16 q, k, v, out; bf16 or fp32 g and beta; A_log and
+/// dt_bias required; SafeSigmoid gate; use_qk_l2norm and use_beta_sigmoid on; allow_neg_eigval
+/// off; VFirst states (bf16 or fp32). Every data pointer 16-byte aligned. T = 0 is valid.
+/// final_state may be exactly initial_state (in-place update). The launch runs on q's device
+/// (made current for the call, then restored). cu_seqlens values on the GPU are not checked
+/// (that would need a sync): they must satisfy the table above (docs/errors.md).
 /// Throws flash_kda::CudaError if a launch fails.
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, Stream stream);
 

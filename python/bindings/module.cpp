@@ -84,28 +84,6 @@ bool cuda_available() noexcept {
   return false;
 }
 
-#if FLASH_KDA_WITH_CUDA
-/// Makes the tensors' device current for the launch and restores the caller's afterwards, so a
-/// tensor on cuda:1 works whatever device the calling thread has selected.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) throw CudaError("flash_kda: cudaGetDevice failed");
-    if (previous_ != device && cudaSetDevice(device) != cudaSuccess)
-      throw CudaError("flash_kda: cudaSetDevice(" + std::to_string(device) + ") failed");
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-#endif
-
 /// GPU forward. `alloc(nbytes)` returns a uint8 device array of at least nbytes (the caller's
 /// allocator, so CUDA-graph capture sees a stream-ordered allocation); `stream` is a
 /// cudaStream_t as an integer.
@@ -121,9 +99,6 @@ void forward_py(const In& q, const In& k, const In& v, const In& g, const In& be
   const TensorView w = to_view(ws, "workspace");
   const size_t have = static_cast<size_t>(w.numel()) * static_cast<size_t>(dtype_size(w.dtype));
   nb::gil_scoped_release release;
-#if FLASH_KDA_WITH_CUDA
-  DeviceGuard guard(args.q.device_id);
-#endif
   forward(args, w.data, have, reinterpret_cast<Stream>(stream));
 }
 
