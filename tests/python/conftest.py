@@ -31,6 +31,7 @@ def cuda_sm90_skip_reason() -> str | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda_sm90: needs PyTorch with CUDA and an sm_90 GPU (skipped otherwise)")
+    config.addinivalue_line("markers", "large_memory: needs most of the GPU's memory; run it alone")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

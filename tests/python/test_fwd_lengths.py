@@ -106,6 +106,7 @@ def _million_token_lengths(rng) -> tuple:
     return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
 
 
+@pytest.mark.large_memory  # ~124 GiB of the GPU: run alone (scripts/gpu-check.sh does)
 def test_million_tokens_96_heads():
     """1M+ tokens x 96 heads (each bf16 tensor ~24 GiB; element offsets beyond 2^34). The
     reference checks three sequences (the first, the one holding element offset 2^31, the
