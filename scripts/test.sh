@@ -5,7 +5,9 @@
 #   Python: pytest tests/python (GPU tests skip themselves, saying why, without an sm_90 GPU).
 # Environment: FLASH_KDA_CUDA=ON|OFF (default ON: compiles the sm_90a kernels), BUILD_DIR
 # (default build-test), CMAKE_BUILD_PARALLEL_LEVEL (build jobs), PYTHON (default python3).
-# Ends with one line: "tests run: C++ N, Python M (S skipped), failed: F".
+# Prerequisites beyond `pip install .`: pytest, and CUTLASS headers for the kernel build
+# (`pip install --no-deps nvidia-cutlass`, or CUTLASS_INCLUDE_DIR, or FLASH_KDA_CUDA=OFF).
+# Ends with one line: "tests run: C++ N (S skipped), Python M (S skipped), failed: F".
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -14,6 +16,18 @@ py=${PYTHON:-python3}
 cd "$root"
 # ctest resolves a relative --output-junit path against the build dir: keep every path absolute.
 [[ $build == /* ]] || build=$root/$build
+
+# Check what the run needs before spending minutes on the build.
+if ! "$py" -c "import flash_kda" 2>/dev/null; then
+  echo "scripts/test.sh: the flash_kda package is not installed; run 'pip install .' first" >&2
+  exit 1
+fi
+if ! "$py" -c "import pytest" 2>/dev/null; then
+  echo "scripts/test.sh: pytest is not installed for $py; run '$py -m pip install pytest'" >&2
+  exit 1
+fi
+# Counts come from these files: never report a previous run's.
+rm -f "$build/junit-cpp.xml" "$build/junit-python.xml"
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFLASH_KDA_CUDA="${FLASH_KDA_CUDA:-ON}" \
   -DFLASH_KDA_TESTS=ON -DFLASH_KDA_EXAMPLES=ON
@@ -25,10 +39,6 @@ if [[ -f tests/install/run.sh ]]; then
   bash tests/install/run.sh || status=1
 fi
 
-if ! "$py" -c "import flash_kda" 2>/dev/null; then
-  echo "scripts/test.sh: the flash_kda package is not installed; run 'pip install .' first" >&2
-  exit 1
-fi
 # Run from outside the checkout so `import flash_kda` is the installed package.
 "$py" -m pytest -ra --rootdir "$root" -c "$root/pyproject.toml" --junitxml "$build/junit-python.xml" \
   "$root/tests/python" || status=1
@@ -41,7 +51,7 @@ def counts(path):
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError):
-        return 0, 0, 0
+        return None  # the suite never got to write its report: a failure, not zero tests
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     total = sum(int(s.get("tests", 0)) for s in suites)
     skipped = sum(int(s.get("skipped", 0)) for s in suites)
@@ -49,7 +59,8 @@ def counts(path):
     return total, skipped, failed
 
 cpp, py = counts(sys.argv[1]), counts(sys.argv[2])
-print(f"tests run: C++ {cpp[0] - cpp[1]} ({cpp[1]} skipped), Python {py[0] - py[1]} ({py[1]} skipped), "
-      f"failed: {cpp[2] + py[2]}")
+fmt = lambda c: "did not run" if c is None else f"{c[0] - c[1]} ({c[1]} skipped)"
+failed = sum(1 if c is None else c[2] for c in (cpp, py))
+print(f"tests run: C++ {fmt(cpp)}, Python {fmt(py)}, failed: {failed}")
 PY
 exit $status
