@@ -1,6 +1,6 @@
-"""Peer timings from anchors-h200.md, printed beside ours as "anchor" columns.
+"""Peer timings from docs/anchors-h200.md, printed beside ours as "anchor" columns.
 
-Source: /work/shared/anchors-h200.md ("What the project must beat: peers measured on our
+Source: docs/anchors-h200.md ("What the project must beat: peers measured on our
 H200"): one NVIDIA H200, driver 580, torch 2.11.0+cu130, triton 3.6, measured 2026-11-29,
 median of 50 event-timed calls, FlashKDA's own benchmark inputs, fp32 states, K = V = 128.
 These numbers were NOT measured by this run; they are constants kept for comparison.
