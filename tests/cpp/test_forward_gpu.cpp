@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,8 @@ struct Case {
   std::string name;
   KdaConfig config;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class ForwardGpu : public ::testing::TestWithParam<Case> {};
 
