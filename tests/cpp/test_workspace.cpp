@@ -1,0 +1,54 @@
+// forward_workspace_size(): what a caller must allocate. Needs no GPU: validation and the size
+// query read no device memory, so the calls use fake CUDA addresses (test_validate_helpers.h).
+#include <gtest/gtest.h>
+
+#include "test_validate_helpers.h"
+
+#if FLASH_KDA_WITH_CUDA
+namespace {
+
+using kda_test::Call;
+using kda_test::Spec;
+
+Spec cuda_spec(int64_t B, int64_t T, int64_t H) {
+  Spec s;
+  s.B = B;
+  s.T = T;
+  s.H = s.HV = H;
+  s.device = flash_kda::DeviceType::CUDA;
+  return s;
+}
+
+TEST(Workspace, AlignedAndGrowsWithTheProblem) {
+  Call small(cuda_spec(1, 1024, 4)), large(cuda_spec(1, 8192, 96));
+  const size_t a = flash_kda::forward_workspace_size(small.args);
+  const size_t b = flash_kda::forward_workspace_size(large.args);
+  EXPECT_GT(a, 0u);
+  EXPECT_EQ(a % 256, 0u);
+  EXPECT_EQ(b % 256, 0u);
+  EXPECT_GT(b, a);
+}
+
+// Very long inputs are processed in windows: the workspace stays bounded (a few GiB) instead of
+// growing with T (1M tokens x 96 heads would otherwise need ~130 GiB of chunk records).
+TEST(Workspace, BoundedForMillionTokens) {
+  Call huge(cuda_spec(1, int64_t(1) << 20, 96));
+  const size_t bytes = flash_kda::forward_workspace_size(huge.args);
+  EXPECT_LE(bytes, size_t(3) << 30);
+  EXPECT_GT(bytes, size_t(1) << 30);  // a window still holds many chunks: launches stay few
+}
+
+TEST(Workspace, TooSmallWorkspaceIsANamedError) {
+  Call c(cuda_spec(1, 64, 4));
+  const size_t need = flash_kda::forward_workspace_size(c.args);
+  try {
+    flash_kda::forward(c.args, reinterpret_cast<void*>(uintptr_t(1) << 40), need - 256, nullptr);
+    FAIL() << "expected flash_kda::Error";
+  } catch (const flash_kda::Error& e) {
+    EXPECT_EQ(e.argument(), "workspace");
+    EXPECT_NE(std::string(e.what()).find(std::to_string(need)), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+#endif  // FLASH_KDA_WITH_CUDA
