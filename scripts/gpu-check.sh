@@ -92,8 +92,9 @@ else
   if [[ $rc == 0 ]]; then STATUS[ctest-build]=pass; else STATUS[ctest-build]="FAIL (exit $rc)"; tail -n 25 "$LOG/ctest-build.log"; fi
 fi
 
-# 3. Tests. The sanitizer runs in the background during the pytest steps (it is bound by one
-#    instrumented process, not by the GPU); the benchmark runs alone at the end.
+# 3. Tests, one step after another; the benchmark runs alone at the end. fla's autotune
+#    choices made while the pytest workers share the GPU are not persisted
+#    (FLA_CACHE_RESULTS=0), so they never skew the benchmark's fla timings.
 if [[ ${STATUS[ctest-build]} == pass ]]; then
   run_step ctest 120 ctest --test-dir "$ROOT/build-gpucheck" -j "$JOBS" --output-on-failure \
     --output-junit "$LOG/ctest.xml"
@@ -111,15 +112,15 @@ fi
 XDIST=()
 if "$PY" -c "import xdist" 2>/dev/null; then XDIST=(-n "$((JOBS / 2))"); fi
 # shellcheck disable=SC2086
-run_step pytest-rest 150 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider "${XDIST[@]}" \
+run_step pytest-rest 150 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider "${XDIST[@]}" \
   --ignore-glob='*/test_fwd_*.py' --junitxml="$LOG/pytest-rest.xml" ${GPU_CHECK_PYTEST_ARGS:-}
 # GPU tests in parallel (the CPU reference and Triton compiles are the slow part), then the one
 # that needs most of the GPU's memory alone.
 # shellcheck disable=SC2086
-run_step pytest-gpu 300 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider "${XDIST[@]}" \
+run_step pytest-gpu 300 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider "${XDIST[@]}" \
   -m "not large_memory" --durations=10 --junitxml="$LOG/pytest-gpu.xml" ${GPU_CHECK_PYTEST_ARGS:-}
 # shellcheck disable=SC2086
-run_step pytest-gpu-large 120 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider \
+run_step pytest-gpu-large 120 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider \
   -m large_memory --junitxml="$LOG/pytest-gpu-large.xml" ${GPU_CHECK_PYTEST_ARGS:-}
 
 if [[ ${GPU_CHECK_SKIP_BENCH:-0} == 1 ]]; then

@@ -39,7 +39,7 @@ if [[ -f tests/install/run.sh ]]; then
   bash tests/install/run.sh || status=1
 fi
 
-# Run from outside the checkout so `import flash_kda` is the installed package.
+# The in-tree package lives in python/, so `import flash_kda` here is the installed one.
 "$py" -m pytest -ra --rootdir "$root" -c "$root/pyproject.toml" --junitxml "$build/junit-python.xml" \
   "$root/tests/python" || status=1
 

@@ -132,7 +132,9 @@ NB_MODULE(_core, m) {
 #endif
 
   // flash_kda::Error -> flash_kda.Error (a ValueError) carrying the argument's name as .argument.
-  static nb::object error_type = nb::steal(
+  // Held for the life of the process on purpose: a static nb::object would be released after
+  // the interpreter is finalised.
+  static nb::handle error_type = nb::handle(
       PyErr_NewExceptionWithDoc("flash_kda.Error",
                                 "Invalid or unsupported argument to a flash_kda call. The message reads "
                                 "'flash_kda: <argument>: <what was expected>'; .argument is the name.",

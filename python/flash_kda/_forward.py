@@ -42,7 +42,9 @@ def fwd(
         lower_bound: safe-gate floor in natural-log units, in [-5, 0).
         initial_state: optional bf16 or fp32 [N, H, V, K] (v-first, i.e. S transposed); zero if None.
         final_state: optional [N, H, V, K], same dtype as initial_state when both given; written.
-        cu_seqlens: optional int64/int32 [N + 1] on the GPU, cumulative sequence starts.
+        cu_seqlens: optional int64/int32 [N + 1] on the GPU, cumulative sequence starts:
+            cu[0] = 0, non-decreasing, cu[N] = B*T. Its values are not checked (that would
+            need a device-to-host copy and a sync); bad values give wrong results.
 
     All tensors contiguous and on one CUDA device. Runs asynchronously on
     ``torch.cuda.current_stream(q.device)``; the scratch workspace comes from
