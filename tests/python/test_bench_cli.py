@@ -104,3 +104,11 @@ def test_layer_flags():
     with pytest.raises(SystemExit) as e:
         cli.parse_args(["--layer", "--T", "64"])
     assert e.value.code == 2
+
+
+def test_layer_rejects_heads(capsys):
+    # The layer has Kimi Linear's 32 heads; a silently ignored --heads would mislead.
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--layer", "--heads", "8"])
+    assert e.value.code == 2
+    assert "--heads does not apply to --layer" in capsys.readouterr().err

@@ -24,7 +24,7 @@ def fake_results(with_fla=True, failing=False):
         times = {"flash_kda": {"eager": _times(ours), "graph": _times(ours * 0.8)}}
         if with_fla:
             times["fla"] = {"eager": _times(2.0), "graph": _times(1.6)}
-        chk = {"heads": [0, c.heads - 1], "out_err": 3e-3 if not failing else 0.2, "state_err": 2e-3,
+        chk = {"heads": "all", "out_err": 3e-3 if not failing else 0.2, "state_err": 2e-3,
                "bound": 1e-2, "fla_ratio_bound": 1.5}
         chk["passed"] = check.verdict(chk)
         cases.append({"case": c.to_dict(), "floor_bytes": hbm_floor_bytes(c), "floor_ms": floor_ms(c, BW),
@@ -64,12 +64,34 @@ def test_verdict_uses_fla_ratio():
     assert not check.verdict({"out_err": 1e-3, "state_err": 2e-2})
 
 
-def test_rel_err_and_head_sampling():
-    assert check.rel_err([3.0, 4.0], [3.0, 4.0]) == 0.0
-    assert check.rel_err([3.0, 5.0], [3.0, 4.0]) == pytest.approx(1 / 5)
-    assert check.sample_heads(96) == [0, 95]
-    assert check.sample_heads(1) == [0]
-    assert check.sample_heads(16, 3) == [0, 8, 15]
+def test_verdict_holds_the_worst_head_to_the_bound():
+    # One head 5% off among 96 reads as ~0.5% over all heads; the worst head must fail it.
+    assert not check.verdict({"out_err": 5e-3, "out_err_worst_head": 5e-2})
+    assert not check.verdict({"out_err": 1e-3, "state_err": 1e-3, "state_err_worst_head": float("inf")})
+    assert check.verdict({"out_err": 2e-3, "out_err_worst_head": 4e-3, "state_err": 2e-3,
+                          "state_err_worst_head": 3e-3, "out_vs_fla": 0.5, "state_vs_fla": 0.5})
+
+
+def test_combine_head_errors_all_heads_and_worst():
+    # 96 heads with ||ref_h|| = 1: 95 exact to 1e-3, head 40 off by 5e-2.
+    num = [1e-3] * 96
+    num[40] = 5e-2
+    e = check.combine_head_errors(num, [1.0] * 96)
+    expected_total = ((95 * 1e-6 + 25e-4) / 96) ** 0.5
+    assert e["err"] == pytest.approx(expected_total, rel=1e-12)
+    assert e["err"] < check.REF_BOUND  # the diluted all-head error alone would pass ...
+    assert (e["worst_head"], e["worst"]) == (40, pytest.approx(5e-2))  # ... the worst head does not
+    assert e["per_head"][0] == pytest.approx(1e-3) and len(e["per_head"]) == 96
+
+
+def test_combine_head_errors_edge_values():
+    assert check.combine_head_errors([0.0], [0.0])["err"] == 0.0
+    assert check.combine_head_errors([1.0, 0.0], [0.0, 0.0])["worst"] == float("inf")
+    e = check.combine_head_errors([1e-3, float("nan"), 1.0], [1.0, 1.0, 1.0])
+    assert e["worst_head"] == 1 and e["worst"] != e["worst"]  # NaN is kept, so verdict fails it
+    assert not check.verdict({"out_err": e["err"], "out_err_worst_head": e["worst"]})
+    with pytest.raises(ValueError, match="one numerator and denominator per head"):
+        check.combine_head_errors([1.0], [1.0, 2.0])
 
 
 def test_table_prints_every_case_and_errors():
@@ -80,6 +102,25 @@ def test_table_prints_every_case_and_errors():
     assert "copy bandwidth 4.00 TB/s" in text
     assert "anchors-h200.md (test)" in text
     assert "h4_varlen_2x300: fla graph failed: RuntimeError: capture failed" in text
+    assert report.CHECK_NOTE in text and report.L2_NOTE in text and report.AUTOTUNE_NOTE in text
+    assert report.BF16_FLA_NOTE in text  # the custom case has bf16 states and fla ran
+    assert "PARTIAL" not in text
+
+
+def test_notes_follow_the_run():
+    r = fake_results(with_fla=False)
+    for c in r["cases"]:
+        c["errors"] = {}
+    text = report.format_table(r)
+    assert report.AUTOTUNE_NOTE not in text and report.BF16_FLA_NOTE not in text
+    r = fake_results()
+    r["cases"][1]["case"]["state"] = "fp32"
+    assert report.BF16_FLA_NOTE not in report.format_table(r)
+    r["planned_cases"] = 5
+    assert "PARTIAL: 2 of 5 cases finished" in report.format_table(r)
+    assert "PARTIAL: 2 of 5 cases finished" in report.to_markdown(r)
+    r["planned_cases"] = 2
+    assert "PARTIAL" not in report.format_table(r)
 
 
 def test_json_roundtrip(tmp_path):
@@ -99,7 +140,7 @@ def test_markdown_has_meta_table_and_anchor_note(tmp_path):
     assert md.startswith("# flash_kda benchmark on NVIDIA H200\n")
     for fragment in ("- driver: 580.1", "- torch: 2.11.0", "- triton: 3.6.0", "- fla: 0.6.0",
                      "- flash_kda: 0.1.0", "- date: 2026-11-30 10:00 UTC", "NOT from this run",
-                     "![time per case](chart.png)"):
+                     "![time per case](chart.png)", f"- {report.CHECK_NOTE}", f"- {report.L2_NOTE}"):
         assert fragment in md, fragment
     table = [line for line in md.splitlines() if line.startswith("|")]
     assert len(table) == 2 + 2  # header, rule, two cases
@@ -113,6 +154,10 @@ def test_layer_only_report():
     text = report.format_table({"meta": {}, "cases": [], "layer": layer})
     assert "fla Triton 3.000 ms" in text and "flash_kda 2.000 ms" in text and "speedup 1.50x" in text
     assert "4.00e-03" in text and "WARNING" not in text
+    layer.update(rel_diff_bound=2e-2, passed=True)
+    assert "(bound 2e-02: ok)" in report.format_layer(layer)
+    layer.update(rel_diff=3e-2, passed=False)
+    assert "3.00e-02 (bound 2e-02: FAIL)" in report.format_layer(layer)
     layer["dispatched"] = False
     assert "WARNING: fla did not dispatch" in report.format_layer(layer)
 

@@ -1,15 +1,20 @@
-"""Correctness of one case: flash_kda (and fla) against the fp64 reference on sampled heads.
+"""Correctness of one case: flash_kda (and fla) against the fp64 reference on every head.
 
-The fp64 CPU reference (flash_kda.reference, the recurrence of docs/kda-spec.md) costs
-O(T_total * heads * K * V) on the host, so it runs on a few heads only. Heads are
-independent (HV = H, each value head has its own q/k head, A_log and dt_bias entry), so the
-reference on sliced heads is exact for those heads' outputs and final states; a token prefix
-would not be (the final state needs every token).
+The fp64 CPU reference (flash_kda.reference, the recurrence of docs/kda-spec.md, threaded
+over (sequence, head) pairs) runs on all heads: about a second for 96 heads x 8192 tokens on
+16 cores. Its result is moved to the GPU once and the errors are reduced there in float64,
+because copying ~100M-element outputs to the host and widening them there costs seconds per
+tensor.
+
+Besides the relative Frobenius error over all heads, the error of each head is kept: heads
+are independent, so one broken head is diluted by sqrt(H) in the all-head norm (a head 5%
+off among 96 reads as 0.5%) and would pass a 1e-2 bound; the worst head is held to the same
+bound.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
 #: Accuracy contract of issue 3: relative Frobenius error vs the fp64 reference at most 1e-2.
 REF_BOUND = 1e-2
@@ -17,82 +22,137 @@ REF_BOUND = 1e-2
 FLA_RATIO_BOUND = 1.5
 
 
+def combine_head_errors(num: list[float], den: list[float]) -> dict:
+    """All-head and per-head relative errors from per-head Frobenius norms.
+
+    num[h] = ||x_h - ref_h||_F, den[h] = ||ref_h||_F (float64 norms of head h over every
+    other axis). Returns {"err": ||x - ref||_F / ||ref||_F over all heads, "per_head":
+    [num[h] / den[h]], "worst": max per-head error, "worst_head": its index}. A zero
+    denominator gives 0.0 when its numerator is 0, else inf; NaN norms give NaN errors
+    (they must fail, so they are kept, not dropped by max()).
+    """
+    if len(num) != len(den) or not num:
+        raise ValueError(f"need one numerator and denominator per head, got {len(num)} and {len(den)}")
+
+    def ratio(n: float, d: float) -> float:
+        if math.isnan(n) or math.isnan(d):
+            return float("nan")
+        if d == 0.0:
+            return 0.0 if n == 0.0 else float("inf")
+        return n / d
+
+    per_head = [ratio(n, d) for n, d in zip(num, den)]
+    total = ratio(math.sqrt(math.fsum(n * n for n in num)), math.sqrt(math.fsum(d * d for d in den)))
+    nan_heads = [h for h, e in enumerate(per_head) if math.isnan(e)]
+    worst_head = nan_heads[0] if nan_heads else max(range(len(per_head)), key=per_head.__getitem__)
+    return {"err": total, "per_head": per_head, "worst": per_head[worst_head], "worst_head": worst_head}
+
+
+def head_errors(x, ref, head_axis: int) -> dict:
+    """combine_head_errors of torch tensor x against float64 tensor ref (same shape, same device).
+
+    x of any float dtype is widened to float64 before subtracting, and the norms accumulate in
+    float64 on ref's device (the GPU in the benchmark). head_axis: the heads axis (2 for out
+    [B, T, H, V], 1 for states [N, H, V, K]).
+    """
+    import torch
+
+    if tuple(x.shape) != tuple(ref.shape):
+        raise ValueError(f"shape {tuple(x.shape)} does not match the reference's {tuple(ref.shape)}")
+    other = tuple(d for d in range(ref.dim()) if d != head_axis)
+    diff = x.to(device=ref.device, dtype=torch.float64) - ref
+    num = torch.linalg.vector_norm(diff, dim=other)
+    del diff
+    den = torch.linalg.vector_norm(ref, dim=other)
+    return combine_head_errors(num.tolist(), den.tolist())
+
+
 def rel_err(x, ref) -> float:
-    """||x - ref||_F / ||ref||_F in float64 (inf when ref is all zeros and x is not)."""
-    x = np.asarray(x, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    den = np.linalg.norm(ref)
-    num = np.linalg.norm(x - ref)
-    if den == 0.0:
-        return 0.0 if num == 0.0 else float("inf")
-    return float(num / den)
+    """||x - ref||_F / ||ref||_F of torch tensors, in float64 on ref's device (inf when ref
+    is all zeros and x is not)."""
+    import torch
+
+    ref = ref.to(torch.float64)
+    num = torch.linalg.vector_norm((x.to(device=ref.device, dtype=torch.float64) - ref).flatten()).item()
+    den = torch.linalg.vector_norm(ref.flatten()).item()
+    return combine_head_errors([num], [den])["err"]
 
 
-def sample_heads(heads: int, count: int = 2) -> list[int]:
-    """Heads the reference checks: the first and the last (spreads across blocks), up to `count`."""
-    if heads <= count:
-        return list(range(heads))
-    picks = [round(i * (heads - 1) / (count - 1)) for i in range(count)]
-    return sorted(set(picks))
+def reference_on_device(x):
+    """flash_kda.reference on every head of Inputs x, moved to x.q's device as float64 tensors.
 
-
-def _host(t):
-    return t.detach().to("cpu").float().numpy() if t is not None else None
-
-
-def reference_on_heads(x, heads: list[int]):
-    """flash_kda.reference on heads `heads` of Inputs x. Returns (out, final_state) float64
-    numpy arrays shaped like out[..., heads, :] and final_state[:, heads] (state None if absent)."""
+    Returns (out [B, T, H, V], final_state [N, H, V, K] or None when the case has no state).
+    """
+    import torch
     import flash_kda
 
-    idx = list(heads)
-    init = x.initial_state[:, idx].contiguous().cpu() if x.initial_state is not None else None
+    with_state = x.initial_state is not None
     out, fs = flash_kda.reference(
-        x.q[:, :, idx].contiguous().cpu(), x.k[:, :, idx].contiguous().cpu(),
-        x.v[:, :, idx].contiguous().cpu(), x.g[:, :, idx].contiguous().cpu(),
-        x.beta[:, :, idx].contiguous().cpu(),
-        scale=x.scale, A_log=x.A_log[idx].contiguous().cpu(), dt_bias=x.dt_bias[idx].contiguous().cpu(),
+        x.q, x.k, x.v, x.g, x.beta,
+        scale=x.scale, A_log=x.A_log, dt_bias=x.dt_bias,
         lower_bound=x.lower_bound, gate="safe", use_qk_l2norm=True, use_beta_sigmoid=True,
-        initial_state=init, cu_seqlens=x.cu_seqlens_cpu, state_layout="v_first",
-        output_final_state=init is not None,
+        initial_state=x.initial_state, cu_seqlens=x.cu_seqlens_cpu, state_layout="v_first",
+        output_final_state=with_state,
     )
-    return np.asarray(out), (np.asarray(fs) if fs is not None else None)
+    device = x.q.device
+    ref_out = torch.from_numpy(out).to(device)
+    del out
+    ref_state = torch.from_numpy(fs).to(device) if fs is not None else None
+    return ref_out, ref_state
 
 
-def check_case(x, ours_out, ours_state, fla_out=None, fla_state=None, heads: list[int] | None = None) -> dict:
-    """Errors of one case (all relative Frobenius).
+def check_case(x, ours_out, ours_state, fla_out=None, fla_state=None) -> dict:
+    """Errors of one case against the fp64 reference on all heads (relative Frobenius).
 
-    ours_*/fla_* are device tensors over all heads (fla_* None when fla did not run). Returns
-    a dict: heads, out_err / state_err (ours vs fp64 reference on `heads`), fla_out_err /
-    fla_state_err (fla vs reference), out_vs_fla / state_vs_fla (ours vs fla, all heads),
-    bound, passed (ours within REF_BOUND and, with fla, within FLA_RATIO_BOUND x fla's error).
+    ours_*/fla_* are device tensors over all heads (fla_* None when fla did not run or
+    failed). fla's final state (always fp32) is first rounded to the case's state dtype
+    (ours_state's), so a bf16 state is judged against fla's state as a bf16 caller would
+    receive it. Returns a dict:
+      out_err / state_err: ours vs reference, all heads;
+      out_err_worst_head / state_err_worst_head, out_worst_head / state_worst_head: the
+        worst head's error and its index;
+      fla_out_err / fla_state_err: fla vs reference (present when fla ran);
+      out_vs_fla / state_vs_fla: ours vs fla, all heads (information only, not judged);
+      bound, fla_ratio_bound, passed (see verdict).
     """
-    heads = heads if heads is not None else sample_heads(x.q.shape[2])
-    ref_out, ref_state = reference_on_heads(x, heads)
-    r: dict = {"heads": heads, "bound": REF_BOUND, "fla_ratio_bound": FLA_RATIO_BOUND}
-    r["out_err"] = rel_err(_host(ours_out[:, :, heads]), ref_out)
-    r["state_err"] = rel_err(_host(ours_state[:, heads]), ref_state) if ref_state is not None else None
+    ref_out, ref_state = reference_on_device(x)
+    r: dict = {"heads": "all", "bound": REF_BOUND, "fla_ratio_bound": FLA_RATIO_BOUND}
+
+    def put(prefix: str, e: dict) -> None:
+        r[f"{prefix}_err"], r[f"{prefix}_err_worst_head"], r[f"{prefix}_worst_head"] = e["err"], e["worst"], e["worst_head"]
+
+    put("out", head_errors(ours_out, ref_out, 2))
+    r["state_err"] = None
+    if ref_state is not None:
+        put("state", head_errors(ours_state, ref_state, 1))
     if fla_out is not None:
-        r["fla_out_err"] = rel_err(_host(fla_out[:, :, heads]), ref_out)
-        r["out_vs_fla"] = rel_err(_host(ours_out), _host(fla_out))
+        r["fla_out_err"] = head_errors(fla_out, ref_out, 2)["err"]
+        r["out_vs_fla"] = rel_err(ours_out, fla_out)
         if ref_state is not None and fla_state is not None:
-            r["fla_state_err"] = rel_err(_host(fla_state[:, heads]), ref_state)
-            r["state_vs_fla"] = rel_err(_host(ours_state), _host(fla_state))
+            fla_state = fla_state.to(ours_state.dtype)
+            r["fla_state_err"] = head_errors(fla_state, ref_state, 1)["err"]
+            r["state_vs_fla"] = rel_err(ours_state, fla_state)
     r["passed"] = verdict(r)
     return r
 
 
+def _bad(e: float) -> bool:
+    return not math.isfinite(e) or e > REF_BOUND
+
+
 def verdict(r: dict) -> bool:
-    """True when every present error of ours is finite, <= REF_BOUND, and (with fla) <=
-    FLA_RATIO_BOUND times fla's error on the same reference."""
-    pairs = [("out_err", "fla_out_err"), ("state_err", "fla_state_err")]
-    for ours_key, fla_key in pairs:
-        ours = r.get(ours_key)
+    """True when each present error of ours (out_err, state_err, and their worst heads) is
+    finite and <= REF_BOUND, and, where fla's error on the same reference is present, the
+    all-head error is <= FLA_RATIO_BOUND times fla's. out_vs_fla / state_vs_fla are not
+    judged: fla is a peer, not the reference."""
+    for what in ("out", "state"):
+        ours = r.get(f"{what}_err")
         if ours is None:
             continue
-        if not np.isfinite(ours) or ours > REF_BOUND:
+        worst = r.get(f"{what}_err_worst_head")
+        if _bad(ours) or (worst is not None and _bad(worst)):
             return False
-        fla = r.get(fla_key)
+        fla = r.get(f"fla_{what}_err")
         if fla is not None and ours > FLA_RATIO_BOUND * fla:
             return False
     return True

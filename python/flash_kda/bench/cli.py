@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     shape = p.add_argument_group("cases (default: the 13-case standard suite)")
     shape.add_argument("--cases", type=_names, metavar="NAME,...", help="standard cases by name")
     shape.add_argument("--T", type=_positive_int, help="tokens per sequence of one custom fixed-length case")
-    shape.add_argument("--heads", type=_positive_int, default=None, help="heads H = HV of a custom case (default 96)")
+    shape.add_argument("--heads", type=_positive_int, default=None, help="heads H = HV of a custom case (default 96; not with --layer)")
     shape.add_argument("--seqlens", type=parse_seqlens, metavar="L1,L2,...", help="one custom varlen case")
     shape.add_argument("--batch", type=_positive_int, default=1, help="fixed-length sequences of a custom case")
     shape.add_argument("--state", choices=sorted(cases_mod.STATE_BYTES), default=cases_mod.DEFAULT_STATE,
@@ -99,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not custom and (args.heads is not None or args.batch != 1):
         if not args.layer:
             parser.error("--heads/--batch describe a custom case: give --T or --seqlens too")
+    if args.layer and args.heads is not None:
+        parser.error("--heads does not apply to --layer (the layer has Kimi Linear's 32 heads)")
     if args.layer and args.T is not None and args.T <= 64:
         parser.error("--layer needs --T > 64 (fla runs its fused_recurrent path for T <= 64)")
     try:

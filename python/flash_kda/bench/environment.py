@@ -91,3 +91,16 @@ def fla_available() -> bool:
         return True
     except Exception:
         return False
+
+
+def fla_layer_unavailable() -> str | None:
+    """None when fla's KimiDeltaAttention layer (fla.layers.kda, in the flash-linear-attention
+    package; fla-core alone has only fla.ops) imports, else one sentence saying why --layer
+    cannot run. Never raises."""
+    try:
+        importlib.import_module("fla.layers.kda")
+        return None
+    except Exception as e:
+        return ("--layer needs fla's KimiDeltaAttention layer (fla.layers.kda, pip install "
+                f"flash-linear-attention), which could not be imported here ({type(e).__name__}: "
+                f"{' '.join(str(e).split())}).")

@@ -11,6 +11,7 @@ layer to its fused_recurrent path in inference.
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from . import impls, timing
@@ -19,6 +20,20 @@ HIDDEN_SIZE = 2304
 NUM_HEADS = 32
 HEAD_DIM = 128
 LOWER_BOUND = -5.0
+#: Largest relative Frobenius difference of the two layer outputs that passes: both paths
+#: compute the same bf16 layer, so they differ by the kernels' rounding (~1e-3 each, issue
+#: 3's 1e-2 contract per kernel) passed through the output norm and projection; 2e-2 leaves
+#: room for that while a wrong head or gate in the dispatched path lands far above it.
+REL_DIFF_BOUND = 2e-2
+
+
+def layer_passed(res: dict) -> bool:
+    """True when the --layer result ran, dispatched to flash_kda, and its rel_diff is finite
+    and <= REL_DIFF_BOUND."""
+    d = res.get("rel_diff")
+    if res.get("error") or not res.get("dispatched") or d is None:
+        return False
+    return math.isfinite(d) and d <= REL_DIFF_BOUND
 
 
 def build_layer():
@@ -39,8 +54,9 @@ def run_layer(T: int, batch: int, warmup: int, iters: int, seed: int = 0) -> dic
 
     Returns {"hidden_size", "num_heads", "head_dim", "batch", "T", "triton_ms", "flash_kda_ms"
     (eager medians), "triton", "flash_kda" (summaries), "rel_diff" (||o_fk - o_tri|| /
-    ||o_tri||, Frobenius, fp32), "dispatched" (flash_kda.fwd was called), "dispatch_note",
-    and "error" when the flash_kda run raised (then its fields are absent).
+    ||o_tri||, Frobenius, reduced in fp64), "dispatched" (flash_kda.fwd was called), "dispatch_note",
+    "rel_diff_bound", "passed" (layer_passed), and "error" when the flash_kda run raised (then
+    its fields are absent).
     Raises ValueError for T <= 64.
     """
     import torch
@@ -51,7 +67,8 @@ def run_layer(T: int, batch: int, warmup: int, iters: int, seed: int = 0) -> dic
     layer = build_layer()
     hidden = torch.randn(batch, T, HIDDEN_SIZE, device="cuda", dtype=torch.bfloat16)
     fwd = lambda: layer(hidden)[0]
-    res = {"hidden_size": HIDDEN_SIZE, "num_heads": NUM_HEADS, "head_dim": HEAD_DIM, "batch": batch, "T": T}
+    res = {"hidden_size": HIDDEN_SIZE, "num_heads": NUM_HEADS, "head_dim": HEAD_DIM, "batch": batch, "T": T,
+           "rel_diff_bound": REL_DIFF_BOUND, "passed": False}
     with torch.inference_mode():
         with impls.fla_flash_kda_backend(False):
             o_tri = fwd().float()
@@ -66,8 +83,10 @@ def run_layer(T: int, batch: int, warmup: int, iters: int, seed: int = 0) -> dic
             res["dispatched"], res["dispatch_note"] = False, res["error"]
             return res
     res["flash_kda"], res["flash_kda_ms"] = timing.summarize(fk), statistics.median(fk)
-    res["rel_diff"] = float((o_fk - o_tri).norm() / o_tri.norm())
+    res["rel_diff"] = float(torch.linalg.vector_norm((o_fk.double() - o_tri.double()).flatten())
+                            / torch.linalg.vector_norm(o_tri.double().flatten()))
     res["dispatched"] = calls[0] > 0
+    res["passed"] = layer_passed(res)
     res["dispatch_note"] = ("" if calls[0] else
                             "flash_kda.fwd was never called; enable INFO logging for the logger "
                             "fla.backends to see fla's reason for rejecting the backend")

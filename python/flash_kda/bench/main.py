@@ -6,7 +6,8 @@ import sys
 
 from . import cli, environment, report
 
-#: Exit codes: 0 all ran and every check passed, 1 a check failed or a run errored,
+#: Exit codes: 0 all ran and every check passed, 1 a check failed or a run errored (with
+#: --layer: the layer's outputs differ by more than layer.REL_DIFF_BOUND or it did not dispatch),
 #: 2 bad flags (argparse) or a machine that cannot run the benchmark.
 EXIT_OK, EXIT_FAILED, EXIT_UNSUPPORTED = 0, 1, 2
 
@@ -28,17 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     if not environment.fla_available():
         meta["fla"] = "not installed"
     if args.layer:
-        if meta["fla"] == "not installed":
-            print("--layer needs flash-linear-attention (pip install flash-linear-attention).", file=sys.stderr)
+        unmet = environment.fla_layer_unavailable()
+        if unmet is not None:
+            print(unmet, file=sys.stderr)
             return EXIT_UNSUPPORTED
         from . import layer
 
         suite.progress("running the KimiDeltaAttention layer, Triton then flash_kda")
         T = args.T if args.T is not None else 8192
         results = {"meta": meta, "cases": [], "layer": layer.run_layer(T, args.batch, args.warmup, args.iters, args.seed)}
-        failed = bool(results["layer"].get("error")) or not results["layer"]["dispatched"]
+        failed = not layer.layer_passed(results["layer"])
     else:
-        results = suite.run_suite(args, meta)
+        results = suite.run_suite(args, meta, on_case=lambda partial: write_partial(partial, args))
         failed = any(case_failed(r) for r in results["cases"])
     write_outputs(results, args)
     print(report.format_table(results))
@@ -51,6 +53,15 @@ def case_failed(r: dict) -> bool:
     if r.get("check") is not None and not r["check"]["passed"]:
         return True
     return any(what == "check" or what.startswith("flash_kda") for what in r.get("errors", {}))
+
+
+def write_partial(results: dict, args) -> None:
+    """results.json and results.md in --out-dir with the cases finished so far (called after
+    each case, so that a run stopped by a time limit leaves them; the chart, --markdown and
+    --write-record come only with the whole run, from write_outputs)."""
+    out = args.out_dir
+    report.write_json(results, out / "results.json")
+    report.write_markdown(results, out / "results.md")
 
 
 def write_outputs(results: dict, args) -> None:

@@ -28,6 +28,43 @@ def _timed(label: str, fn, args) -> tuple[dict, dict]:
     return res, errors
 
 
+def _check(x, ours, ours_out, ours_state, fla_call, fla_res, result: dict):
+    """The checked calls and check_case, filling result["check"] and result["errors"].
+
+    Our call and the check share the "check" error key (a failure there fails the case);
+    fla's checked call has its own key, "fla check" (reported, never a failure: see
+    main.case_failed), and a failing fla leaves our check to run without fla's columns.
+    Returns fla_call, or None when fla raised or did not take its Triton path (so that it is
+    not timed: its times would not be fla's).
+    """
+    import torch
+
+    try:
+        ours()
+        torch.cuda.synchronize()
+    except Exception as e:
+        result["errors"]["check"] = f"{type(e).__name__}: {e}"
+        return fla_call
+    fla_out = fla_state = None
+    if fla_call is not None:
+        try:
+            # This first call of the shape also pays fla's Triton autotuning, out of the timings.
+            with impls.count_flash_kda_calls() as calls:
+                fla_call()
+            torch.cuda.synchronize()
+            if calls[0]:
+                raise RuntimeError(f"fla dispatched to flash_kda although {impls.FLA_ENV}=0; not timed")
+            fla_out, fla_state = fla_res["out"], fla_res["final_state"]
+        except Exception as e:
+            result["errors"]["fla check"] = f"{type(e).__name__}: {e}"
+            fla_call = None
+    try:
+        result["check"] = check.check_case(x, ours_out, ours_state, fla_out, fla_state)
+    except Exception as e:
+        result["errors"]["check"] = f"{type(e).__name__}: {e}"
+    return fla_call
+
+
 def run_case(case: cases_mod.Case, args, copy_bw: float, use_fla: bool) -> dict:
     """Check and time one case. Returns its JSON-ready result (see report.py for the fields)."""
     import torch
@@ -47,20 +84,8 @@ def run_case(case: cases_mod.Case, args, copy_bw: float, use_fla: bool) -> dict:
 
     with torch.inference_mode():
         if not args.no_check:
-            progress(f"{case.name}: checking against the fp64 reference (heads {check.sample_heads(case.heads)})")
-            try:
-                ours()
-                fla_out = fla_state = None
-                if fla_call is not None:
-                    with impls.count_flash_kda_calls() as calls:
-                        fla_call()
-                    if calls[0]:
-                        raise RuntimeError("fla dispatched to flash_kda although FLA_FLASH_KDA=0")
-                    fla_out, fla_state = fla_res["out"], fla_res["final_state"]
-                torch.cuda.synchronize()
-                result["check"] = check.check_case(x, ours_out, ours_state, fla_out, fla_state)
-            except Exception as e:
-                result["errors"]["check"] = f"{type(e).__name__}: {e}"
+            progress(f"{case.name}: checking against the fp64 reference (all {case.heads} heads)")
+            fla_call = _check(x, ours, ours_out, ours_state, fla_call, fla_res, result)
         progress(f"{case.name}: timing flash_kda")
         result["times"]["flash_kda"], errs = _timed("flash_kda", ours, args)
         result["errors"].update(errs)
@@ -75,10 +100,12 @@ def run_case(case: cases_mod.Case, args, copy_bw: float, use_fla: bool) -> dict:
     return result
 
 
-def run_suite(args, meta: dict) -> dict:
+def run_suite(args, meta: dict, on_case=None) -> dict:
     """The whole kernel benchmark: copy bandwidth, then every case of args.cases.
 
-    Returns {"meta", "copy_bandwidth", "anchor_source", "cases": [run_case results]}.
+    Returns {"meta", "copy_bandwidth", "anchor_source", "settings", "cases": [run_case
+    results], "planned_cases"}. on_case(results), when given, is called after each case with
+    the results so far (so a run stopped by a time limit still leaves the finished cases).
     """
     import torch
 
@@ -89,15 +116,18 @@ def run_suite(args, meta: dict) -> dict:
     copy_bw = timing.copy_bandwidth()
     progress(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)")
     torch.manual_seed(args.seed)
-    results = []
-    for i, case in enumerate(args.cases, 1):
-        progress(f"[{i}/{len(args.cases)}] {case.name}: T_total {case.total_tokens}, H {case.heads}, "
-                 f"{case.num_seqs} seq(s), state {case.state}")
-        results.append(run_case(case, args, copy_bw, use_fla))
-    return {
+    results = {
         "meta": meta,
         "copy_bandwidth": copy_bw,
         "anchor_source": anchors.ANCHOR_SOURCE,
         "settings": {"iters": args.iters, "warmup": args.warmup, "seed": args.seed, "fla": use_fla},
-        "cases": results,
+        "planned_cases": len(args.cases),
+        "cases": [],
     }
+    for i, case in enumerate(args.cases, 1):
+        progress(f"[{i}/{len(args.cases)}] {case.name}: T_total {case.total_tokens}, H {case.heads}, "
+                 f"{case.num_seqs} seq(s), state {case.state}")
+        results["cases"].append(run_case(case, args, copy_bw, use_fla))
+        if on_case is not None:
+            on_case(results)
+    return results
