@@ -170,3 +170,16 @@ def test_chart_is_a_png(tmp_path):
     plotting.plot(fake_results(), path)
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_geomean_line_over_cases_with_every_column():
+    # Only h96_fixed_8192 has anchors (the custom case has none): the means are that case's values.
+    line = report.geomean_line(fake_results())
+    assert line == ("geomean over 1 case(s), eager: flash_kda 0.500 ms, fla 2.000 ms, "
+                    "anchor FlashKDA 1.464 ms, anchor fla 2.659 ms")
+    r = fake_results()
+    r["cases"][1]["anchor"] = {"flash_kda_ms": 0.08, "fla_ms": 0.5, "floor_ms": 0.001}
+    line = report.geomean_line(r)
+    assert line.startswith("geomean over 2 case(s), eager: flash_kda 0.100 ms, fla 2.000 ms")
+    assert report.geomean_line(fake_results(with_fla=False)) is None
+    assert "geomean over 1 case(s)" in report.format_table(fake_results())

@@ -14,6 +14,7 @@ All times are milliseconds.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from . import check
@@ -39,6 +40,29 @@ def _ratio(num: float | None, den: float | None, suffix: str = "x") -> str:
     if num is None or den is None or den == 0:
         return "-"
     return f"{num / den:.2f}{suffix}"
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def geomean_line(results: dict) -> str | None:
+    """The headline: geometric mean of the eager medians over the cases every column has
+    (flash_kda, fla, and the anchors' FlashKDA and fla), so the four means compare like with
+    like; None when no case has all four. The issues' targets are stated as such means."""
+    cols = {"flash_kda": [], "fla": [], "anchor FlashKDA": [], "anchor fla": []}
+    for r in results.get("cases", []):
+        a = r.get("anchor") or {}
+        vals = (_median(r, "flash_kda", "eager"), _median(r, "fla", "eager"),
+                a.get("flash_kda_ms"), a.get("fla_ms"))
+        if all(v is not None and v > 0 for v in vals):
+            for key, v in zip(cols, vals):
+                cols[key].append(v)
+    n = len(cols["flash_kda"])
+    if n == 0:
+        return None
+    means = ", ".join(f"{key} {_ms(_geomean(v))} ms" for key, v in cols.items())
+    return f"geomean over {n} case(s), eager: {means}"
 
 
 def check_label(r: dict) -> str:
@@ -82,6 +106,8 @@ def format_table(results: dict) -> str:
     line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     text = [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in body]
     text.append("")
+    if (g := geomean_line(results)) is not None:
+        text.append(g)
     text.append(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s (read + write); "
                 "floor = fewest bytes / copy bandwidth; times are medians of event-timed calls")
     text.append(f"anchor columns: {results.get('anchor_source', 'anchors-h200.md')}")
@@ -169,6 +195,8 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
                "\"speedup vs fla\" is fla's time over ours (eager / CUDA graph).",
                f"The anchor columns are NOT from this run: {results.get('anchor_source', 'anchors-h200.md')}.",
                ""]
+        if (g := geomean_line(results)) is not None:
+            md += [f"- {g}"]
         md += [f"- {line}" for line in notes(results)]
         md += [f"- {line}" for line in _error_lines(results)]
     if "layer" in results:
