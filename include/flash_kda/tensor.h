@@ -52,8 +52,11 @@ struct TensorView {
     for (int i = 0; i < ndim; ++i) n *= shape[i];
     return n;
   }
-  /// True when strides are those of a packed row-major tensor (size-1 dims may have any stride).
+  /// True when strides are those of a packed row-major tensor (size-1 dims may have any
+  /// stride; a tensor with no elements is contiguous whatever its strides, as numpy and
+  /// PyTorch report different strides for empty tensors).
   bool is_contiguous() const {
+    if (ndim > 0 && numel() == 0) return true;
     int64_t expect = 1;
     for (int i = ndim - 1; i >= 0; --i) {
       if (shape[i] != 1 && strides[i] != expect) return false;

@@ -28,10 +28,11 @@ __device__ __forceinline__ float safe_gate_fast(float x, float decay_rate, float
 __device__ __forceinline__ float beta_sigmoid_fast(float beta) { return __frcp_rn(1.f + __expf(-beta)); }
 #endif
 
-/// Softplus gate: a = -exp(A_log) * softplus(g + dt_bias), with the overflow-safe softplus.
+/// Softplus gate: a = -exp(A_log) * softplus(g + dt_bias). softplus(x) = max(x, 0) +
+/// log1p(exp(-|x|)) never overflows and is exact to rounding for every x.
 template <typename T>
 FKDA_HOST_DEVICE T softplus_gate(T x, T decay_rate) {
-  T sp = x > T(20) ? x : log1p(exp(x));
+  const T sp = x > T(0) ? x + log1p(exp(-x)) : log1p(exp(x));
   return -decay_rate * sp;
 }
 

@@ -3,6 +3,7 @@
 // sequences, states, gate and flags, the Sm90 subset, aliasing) so the first error reported is
 // the most basic one. The message list is docs/errors.md.
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -35,12 +36,14 @@ std::vector<Named> all_tensors(const ForwardArgs& a) {
           {&a.initial_state, "initial_state"}, {&a.final_state, "final_state"}};
 }
 
-// The kernels' TMA descriptors and vector loads need 16-byte aligned base addresses.
+// The kernels store out with 16-byte vectors and states with 8-byte ones; one rule for every
+// tensor keeps the check simple (torch allocations are 256-byte aligned).
 constexpr uintptr_t kSm90Alignment = 16;
 
 void check_placement(const ForwardArgs& a, Target target) {
   for (const Named& n : all_tensors(a)) {
     const TensorView& t = *n.t;
+    if (t.ndim < 0) check_sane(t, n.name);  // corrupt, not absent: never treat it as "not given"
     if (!t.defined()) continue;
     check_sane(t, n.name);
     if (target == Target::CpuReference) {
@@ -189,13 +192,16 @@ void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
     throw Error("lower_bound", "must be in [-5, 0) for the safe gate, got " + std::to_string(a.lower_bound));
 }
 
-void check_flags(const ForwardArgs& a) {
+void check_flags(const ForwardArgs& a, Target target) {
   if (a.allow_neg_eigval && !a.use_beta_sigmoid)
     throw Error("allow_neg_eigval", "needs use_beta_sigmoid (b = 2 * sigmoid(beta)); got use_beta_sigmoid = false");
   if (a.state_layout != StateLayout::VFirst && a.state_layout != StateLayout::KFirst)
     throw Error("state_layout", "expected VFirst or KFirst, got value " + std::to_string(static_cast<int>(a.state_layout)));
   if (a.scale && !(std::isfinite(*a.scale) && *a.scale > 0.0))
     throw Error("scale", "must be finite and > 0 when given, got " + std::to_string(*a.scale));
+  // The kernels apply scale in fp32: a larger value would turn finite outputs into inf.
+  if (target == Target::Sm90 && a.scale && *a.scale > double(std::numeric_limits<float>::max()))
+    throw Error("scale", "must fit fp32 (<= 3.4e38) for the Sm90 kernels, got " + std::to_string(*a.scale));
 }
 
 // What the sm_90a kernels implement today; everything else runs on the reference only.
@@ -264,7 +270,7 @@ ProblemShape validate(const ForwardArgs& args, Target target) {
   check_activation_shapes(args, p);
   check_activation_dtypes(args, target);
   check_sequences(args, target, p);
-  check_flags(args);
+  check_flags(args, target);
   check_states(args, target, p);
   check_gate(args, target, p);
   if (target == Target::Sm90) check_sm90_subset(args, p);

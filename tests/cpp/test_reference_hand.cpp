@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/gate.h"
 #include "reference_test_util.h"
 
 namespace {
@@ -157,3 +158,13 @@ TEST(ReferenceByHand, L2NormNegEigvalBetaDefaultScale) {
 }
 
 }  // namespace
+
+// softplus(x) = x + log1p(exp(-x)) for large x: the gate must keep the exp(-x) term
+// (a cut-off at x > 20 would be off by ~2e-9 there).
+TEST(ReferenceByHand, SoftplusGateKeepsItsTailForLargeInputs) {
+  const double x = 25.0, rate = 1.0;
+  const double exact = x + std::log1p(std::exp(-x));
+  EXPECT_EQ(flash_kda::math::softplus_gate<double>(x, rate), -exact);
+  EXPECT_NE(exact, x);  // the tail is visible in fp64 at x = 25
+  EXPECT_EQ(flash_kda::math::softplus_gate<double>(-30.0, rate), -std::log1p(std::exp(-30.0)));
+}
