@@ -52,12 +52,6 @@ inline double load_element(const TensorView& t, int64_t i) {
   }
 }
 
-/// Integer element `i` of an I32 or I64 tensor (cu_seqlens), without going through fp64.
-inline int64_t load_index(const TensorView& t, int64_t i) {
-  return t.dtype == DType::I32 ? static_cast<const int32_t*>(t.data)[i]
-                               : static_cast<const int64_t*>(t.data)[i];
-}
-
 /// Stores `x` into element `i` of `t`, rounding to nearest even for bf16 and fp32.
 inline void store_element(const TensorView& t, int64_t i, double x) {
   switch (t.dtype) {

@@ -6,19 +6,18 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
-#include <string>
 #include <thread>
 #include <vector>
 
 #include "common/gate.h"
 #include "flash_kda/forward.h"
+#include "host/problem.h"
 #include "reference/element_io.h"
 
 namespace flash_kda {
 namespace {
 
 using reference_detail::load_element;
-using reference_detail::load_index;
 using reference_detail::store_element;
 
 /// Everything a (sequence, value head) task needs, read once from the call.
@@ -33,27 +32,10 @@ struct Plan {
   std::vector<double>* final_state = nullptr;  ///< [N, HV, K, V] (S itself, k-first)
 };
 
-/// Token boundaries of every sequence. cu_seqlens values are checked here because validate()
-/// reads no tensor data; an Error is thrown before anything is computed or written.
+/// Token boundaries of every sequence (values already checked by validate()).
 std::vector<int64_t> sequence_starts(const ForwardArgs& args, const ProblemShape& p) {
   std::vector<int64_t> starts(size_t(p.num_seqs) + 1);
-  if (!p.varlen) {
-    for (int64_t n = 0; n <= p.num_seqs; ++n) starts[size_t(n)] = n * p.seqlen;
-    return starts;
-  }
-  const TensorView& cu = args.cu_seqlens;
-  for (int64_t n = 0; n <= p.num_seqs; ++n) starts[size_t(n)] = load_index(cu, n);
-  if (starts[0] != 0)
-    throw Error("cu_seqlens", "cu_seqlens[0] == 0, got " + std::to_string(starts[0]));
-  for (int64_t n = 1; n <= p.num_seqs; ++n) {
-    if (starts[size_t(n)] < starts[size_t(n - 1)])
-      throw Error("cu_seqlens", "non-decreasing values, got cu_seqlens[" + std::to_string(n) + "] = " +
-                                    std::to_string(starts[size_t(n)]) + " < cu_seqlens[" +
-                                    std::to_string(n - 1) + "] = " + std::to_string(starts[size_t(n - 1)]));
-  }
-  if (starts.back() != p.seqlen)
-    throw Error("cu_seqlens", "last entry == total tokens " + std::to_string(p.seqlen) + ", got " +
-                                  std::to_string(starts.back()));
+  for (int64_t n = 0; n <= p.num_seqs; ++n) starts[size_t(n)] = detail::host_seq_start(args, p, n);
   return starts;
 }
 
