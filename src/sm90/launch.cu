@@ -15,22 +15,31 @@ namespace {
 // Chunk records take ~5x the bytes of q, so very long inputs are processed in windows of
 // chunk slots with a bounded workspace; the state of the one sequence that crosses a window
 // boundary is carried in fp32 (two buffers, alternating, so a window never reads the carry
-// it is writing).
+// it is writing). A window of 16 slots still has 16 x HV blocks of stage 1, so the minimum
+// only matters above HV = 6,000, where the budget yields to it.
 constexpr size_t kRecordBudget = size_t(2) << 30;
-constexpr int64_t kMinWindowSlots = 256;
+constexpr int64_t kMinWindowSlots = 16;
 
 struct Plan {
   int64_t total_slots, window_slots, num_windows;
   size_t records_bytes, carry_bytes;
 };
 
+// FLASH_KDA_SM90_WINDOW_SLOTS=n (n >= 1) forces the window size: a test knob that makes small
+// problems cross several windows (tests/python/test_fwd_windows.py).
+int64_t window_override() {
+  const char* env = std::getenv("FLASH_KDA_SM90_WINDOW_SLOTS");
+  const long long w = env ? std::atoll(env) : 0;
+  return w > 0 ? w : 0;
+}
+
 Plan make_plan(const ProblemShape& p) {
   Plan plan;
   plan.total_slots = p.num_seqs + (p.batch * p.seqlen + kChunk - 1) / kChunk;
   const int64_t per_slot = p.value_heads * int64_t(kRecordBytes);
-  plan.window_slots = std::min<int64_t>(plan.total_slots,
-                                        std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget) / per_slot));
-  plan.window_slots = std::max<int64_t>(plan.window_slots, 1);
+  const int64_t forced = window_override();
+  plan.window_slots = forced > 0 ? forced : std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget) / per_slot);
+  plan.window_slots = std::max<int64_t>(std::min(plan.window_slots, plan.total_slots), 1);
   plan.num_windows = (plan.total_slots + plan.window_slots - 1) / plan.window_slots;
   plan.records_bytes = size_t(plan.window_slots) * size_t(per_slot);
   plan.carry_bytes = plan.num_windows > 1 ? 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float) : 0;
@@ -44,18 +53,19 @@ void check(cudaError_t e, const char* what) {
     throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
 }
 
-// Value columns per block (x16 per warp). One chunk step of a block is bound by the latency
-// of its own instruction stream, not by the SM: with 1-2 warps per block a step measured
-// 1.6 us (h4_fixed_65536, h32_fixed_8192), so 8 warps per block, sharing one record load and
-// spread over the 4 schedulers, is the default even where it leaves SMs idle.
-// FLASH_KDA_SM90_WARPS=1|2|4|8 overrides it (for tuning sweeps; see docs/perf-notes.md).
-int pick_warps_per_block() {
-  static const int chosen = [] {
-    const char* env = std::getenv("FLASH_KDA_SM90_WARPS");
-    const int w = env ? std::atoi(env) : 8;
-    return (w == 1 || w == 2 || w == 4 || w == 8) ? w : 8;
-  }();
-  return chosen;
+// Value columns per block (x16 per warp). A chunk step costs about the same with 1 or 8 warps
+// (docs/perf-notes.md, v3), so the block count is what matters: 8 warps (one block per sequence
+// and head, sharing one record load) unless that leaves most SMs idle, then 4 or 2 warps so
+// that (sequences x heads x blocks per head) still fits the SMs in one wave.
+// FLASH_KDA_SM90_WARPS=1|2|4|8 overrides it (tuning sweeps and tests).
+int pick_warps_per_block(int64_t seq_heads, int num_sms) {
+  if (const char* env = std::getenv("FLASH_KDA_SM90_WARPS")) {
+    const int w = std::atoi(env);
+    if (w == 1 || w == 2 || w == 4 || w == 8) return w;
+  }
+  if (seq_heads * 4 <= num_sms) return 2;
+  if (seq_heads * 2 <= num_sms) return 4;
+  return 8;
 }
 
 // Makes `device` current for the launches and restores the caller's device afterwards.
@@ -98,6 +108,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   seqs.cu_is_64 = a.cu_seqlens.dtype == DType::I64;
   seqs.seqlen = p.seqlen;
   seqs.num_seqs = p.num_seqs;
+  seqs.total_tokens = p.batch * p.seqlen;
 
   PrepareParams pp{};
   pp.q = a.q.data; pp.k = a.k.data; pp.v = a.v.data; pp.g = a.g.data; pp.beta = a.beta.data;
@@ -121,7 +132,9 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   rp.final_state = a.final_state.defined() ? a.final_state.data : nullptr;
   const TensorView& st = a.initial_state.defined() ? a.initial_state : a.final_state;
   rp.state_is_f32 = st.defined() && st.dtype == DType::F32;
-  const int nw = pick_warps_per_block();
+  int num_sms = 0;
+  check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  const int nw = pick_warps_per_block(p.num_seqs * p.value_heads, num_sms);
 
   for (int64_t w = 0; w < plan.num_windows; ++w) {
     const int64_t begin = w * plan.window_slots;
@@ -130,10 +143,8 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
     pp.slot_end = rp.slot_end = end;
     rp.carry_in = carry + (w % 2) * carry_elems;
     rp.carry_out = carry + ((w + 1) % 2) * carry_elems;
-    launch_prepare(pp, stream);
-    check(cudaGetLastError(), "prepare kernel launch");
-    launch_recurrence(rp, nw, stream);
-    check(cudaGetLastError(), "recurrence kernel launch");
+    check(launch_prepare(pp, stream), "prepare kernel launch");
+    check(launch_recurrence(rp, nw, plan.window_slots, stream), "recurrence kernel launch");
   }
 }
 

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include <driver_types.h>  // cudaError_t
+
 namespace flash_kda::sm90 {
 
 inline constexpr int kChunk = 16;     // tokens per chunk (FlashKDA's C)
@@ -44,12 +46,17 @@ struct SeqIndex {
   bool cu_is_64 = true;
   int64_t seqlen = 0;                // T (fixed length)
   int64_t num_seqs = 0;              // N
+  int64_t total_tokens = 0;          // B * T, or T of the packed varlen batch
 
 #if defined(__CUDACC__)
+  /// cu_seqlens cannot be checked on the host without a synchronisation, so its values are
+  /// clamped to [0, total_tokens]: bad values give wrong results for the bad sequences but
+  /// never an access outside q, k, v, g, beta, out or the workspace.
   __device__ __forceinline__ int64_t start(int64_t n) const {
     if (cu_seqlens == nullptr) return n * seqlen;
-    return cu_is_64 ? static_cast<const int64_t*>(cu_seqlens)[n]
-                    : static_cast<int64_t>(static_cast<const int32_t*>(cu_seqlens)[n]);
+    const int64_t s = cu_is_64 ? static_cast<const int64_t*>(cu_seqlens)[n]
+                               : static_cast<int64_t>(static_cast<const int32_t*>(cu_seqlens)[n]);
+    return s < 0 ? 0 : (s > total_tokens ? total_tokens : s);
   }
   __device__ __forceinline__ int64_t first_slot(int64_t n) const { return n + start(n) / kChunk; }
   /// The sequence owning `slot`: the largest n with first_slot(n) <= slot.
@@ -95,7 +102,11 @@ struct RecurrenceParams {
   int64_t slot_begin, slot_end;
 };
 
-void launch_prepare(const PrepareParams& p, struct CUstream_st* stream);
-void launch_recurrence(const RecurrenceParams& p, int warps_per_block, struct CUstream_st* stream);
+/// Launches stage 1 over the window's slots; returns the launch's error status.
+cudaError_t launch_prepare(const PrepareParams& p, struct CUstream_st* stream);
+/// Launches stage 2 for at most `max_seqs` sequences overlapping the window (each sequence owns
+/// at least one slot, so the window's slot count bounds it); returns the launch's error status.
+cudaError_t launch_recurrence(const RecurrenceParams& p, int warps_per_block, int64_t max_seqs,
+                              struct CUstream_st* stream);
 
 }  // namespace flash_kda::sm90

@@ -1,7 +1,21 @@
 // Stage 1: the intra-chunk algebra (docs/kda-spec.md "Chunked form", the WY/UT transform).
-// One block per (chunk slot, value head), one thread per key channel / value column.
-// Everything here is independent of the state, so all chunks of all heads run at once.
+// One 4-warp block per (chunk slot, value head); everything here is independent of the state,
+// so all chunks of all heads run at once.
+//
+// The products run on tensor cores in tf32 (fla's Triton kernels do the same: tl.dot of fp32
+// operands is tf32), with fp32 accumulation; the records are bf16 anyway. Phases:
+//   1. thread c owns key channel c: gate, cumulative decay G, and the decayed operands
+//      kd = k e^G, ki = k e^-G, qd = q e^G, qi = q e^-G (raw q and k: not yet normalised);
+//   2. Gram products kd ki^T (-> L), qd ki^T (-> M) and qd qi^T, whose diagonals are the
+//      squared norms ||k_t||^2 and ||q_t||^2: the L2 norms fold into row/column scales of the
+//      16x16 matrices, so no reduction over channels is needed anywhere else;
+//   3. (I + L)^-1 by forward substitution on 16 lanes (depth 16);
+//   4. W^T, U0^T, Qe^T, O0^T as [channel x token] products, warp w owning channels 32w..32w+31;
+//      the accumulator of W^T (U0^T) is, register for register, the A operand of Qe^T (O0^T);
+//   5. the record is assembled in shared memory and written with 16-byte stores.
 #include <cuda_bf16.h>
+
+#include <cute/arch/mma_sm80.hpp>
 
 #include "common/gate.h"
 #include "sm90/params.h"
@@ -9,189 +23,306 @@
 namespace flash_kda::sm90 {
 namespace {
 
-constexpr int kThreads = kHeadDim;  // thread c owns key channel c and value column c
-// Row stride 132 floats: float4 reads of 16 different rows spread over all banks (4 per row),
-// and column writes by consecutive threads stay conflict-free.
+using MmaTf32 = cute::SM80_16x8x8_F32TF32TF32F32_TN;
+
+constexpr int kThreads = kHeadDim;  // 4 warps
+// Row stride of the [16][128] fp32 operand tiles: 132 = 4 (mod 32) makes every mma fragment
+// load (lanes g = 0..7, t4 = 0..3 reading row g, column t4, or the transpose) hit 32 banks.
 constexpr int kPad = kHeadDim + 4;
+constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B fragments
+
+// Shared memory, 42.3 KB: 5 blocks per SM. The 16x16 matrices live where qi was (qi is only
+// read by the Gram products), and the record is assembled over kd, qd and v once phase 4 is done.
+struct Smem {
+  float kd[kChunk][kPad], qd[kChunk][kPad], v[kChunk][kPad], ki[kChunk][kPad];
+  union {
+    float qi[kChunk][kPad];
+    struct {
+      float gram[3][kChunk][kChunk + 1];  // raw kd ki^T, qd ki^T, qd qi^T
+      float L[kChunk][kChunk + 1];        // strictly lower, normalised, times beta
+      float Mn[kChunk][kSq];              // -M (lower incl. diagonal), normalised and scaled
+      float Ak[kChunk][kSq];              // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
+      float Av[kChunk][kSq];              // (I+L)^-1 diag(beta):         U0 = Av v
+    } m;
+  };
+  float beta[kChunk];
+};
+static_assert(sizeof(Smem::m) <= sizeof(Smem::qi), "16x16 matrices must fit over qi");
+static_assert(3 * sizeof(Smem::kd) >= kRecordBytes, "the record is assembled over kd, qd and v");
 
 __device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32) {
   return is_f32 ? static_cast<const float*>(base)[i]
                 : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
+// fp32 -> tf32 with round-to-nearest (the mma itself would truncate).
+__device__ __forceinline__ float to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
 }
 
-// 4 blocks per SM (<= 128 registers): the block spends much of its time in serial
-// stretches (norm reductions, the 16x16 inverse) that only other resident blocks can hide.
-__global__ void __launch_bounds__(kThreads, 4) prepare_kernel(const PrepareParams p) {
-  __shared__ __align__(16) float s_kd[kChunk][kPad], s_qd[kChunk][kPad], s_ki[kChunk][kPad];
-  __shared__ float s_norm[kThreads / 32][2 * kChunk];
-  __shared__ float s_b[kChunk];
-  __shared__ float s_L[kChunk][kChunk + 1];
-  __shared__ __align__(16) float s_M[kChunk][kChunk], s_Ab[kChunk][kChunk];  // read as float4 rows
+__device__ __forceinline__ uint32_t bits(float x) { return __float_as_uint(x); }
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// acc[nt] += A[16 x 128] B[16 x 128]^T over all channels for token n-tiles nt = 0, 1
+// (A rows = tokens, B rows = tokens; both [token][channel] in shared memory).
+__device__ __forceinline__ void gram(const float (*A)[kPad], const float (*B)[kPad], int g, int t4,
+                                     float (&acc)[2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
+#pragma unroll 4
+  for (int kb = 0; kb < kHeadDim; kb += 8) {
+    const uint32_t a0 = bits(A[g][kb + t4]), a1 = bits(A[g + 8][kb + t4]);
+    const uint32_t a2 = bits(A[g][kb + t4 + 4]), a3 = bits(A[g + 8][kb + t4 + 4]);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint32_t b0 = bits(B[8 * nt + g][kb + t4]), b1 = bits(B[8 * nt + g][kb + t4 + 4]);
+      MmaTf32::fma(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], a0, a1, a2, a3, b0, b1,
+                   acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+    }
+  }
+}
+
+// B fragments of a 16x16 matrix X used as B[k = token j][n = token i] = X[i][j], for the two
+// k-steps ks and two n-tiles nt. `permuted`: k index t4 / t4+4 stands for token 2t4 / 2t4+1 of
+// the k-step (the order in which an m16n8 accumulator holds its columns, so it can be reused
+// as an A operand without shuffles); otherwise t4 / t4+4.
+__device__ __forceinline__ void load_b16(const float (*X)[kSq], int g, int t4, bool permuted,
+                                         uint32_t (&b)[2][2][2]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int j0 = 8 * ks + (permuted ? 2 * t4 : t4), j1 = 8 * ks + (permuted ? 2 * t4 + 1 : t4 + 4);
+      b[ks][nt][0] = bits(X[8 * nt + g][j0]);
+      b[ks][nt][1] = bits(X[8 * nt + g][j1]);
+    }
+}
+
+// acc = X^T-side product for one m-tile of 16 channels starting at c0:
+//   acc[nt] (channel x token) = T[token j][c0 + channel]^T B, T read from shared memory.
+__device__ __forceinline__ void tile_times(const float (*T)[kPad], int c0, int g, int t4,
+                                           const uint32_t (&b)[2][2][2], float (&acc)[2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const int j = 8 * ks + t4;
+    const uint32_t a0 = bits(T[j][c0 + g]), a1 = bits(T[j][c0 + g + 8]);
+    const uint32_t a2 = bits(T[j + 4][c0 + g]), a3 = bits(T[j + 4][c0 + g + 8]);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+      MmaTf32::fma(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], a0, a1, a2, a3, b[ks][nt][0], b[ks][nt][1],
+                   acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+  }
+}
+
+// acc += P B where P (channel x token) is an earlier accumulator, reused as the A operand with
+// the permuted token order of load_b16.
+__device__ __forceinline__ void acc_times(const float (&P)[2][4], const uint32_t (&b)[2][2][2], float (&acc)[2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const uint32_t a0 = bits(to_tf32(P[ks][0])), a1 = bits(to_tf32(P[ks][2]));
+    const uint32_t a2 = bits(to_tf32(P[ks][1])), a3 = bits(to_tf32(P[ks][3]));
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+      MmaTf32::fma(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], a0, a1, a2, a3, b[ks][nt][0], b[ks][nt][1],
+                   acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+  }
+}
+
+// 5 blocks per SM (<= 96 registers): phases 2-3 leave warps idle at barriers, which only
+// other resident blocks can fill.
+__global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParams p) {
+  __shared__ __align__(16) Smem sm;
 
   const int c = threadIdx.x, lane = c % 32, warp = c / 32;
+  const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
   const int hv = blockIdx.y, h = hv / (p.value_heads / p.heads);
   const int64_t slot = p.slot_begin + blockIdx.x;
   const int64_t n = p.seqs.seq_of_slot(slot);
   const int64_t chunk = slot - p.seqs.first_slot(n);
   const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.start(n + 1) - seq_begin;
-  if (chunk * kChunk >= seq_len) return;  // an empty slot: no record is read for it
+  // An empty slot (no record is read for it), or bad cu_seqlens values (see SeqIndex::start).
+  if (chunk < 0 || chunk * kChunk >= seq_len) return;
   const int64_t t0 = seq_begin + chunk * kChunk;
   const int valid = static_cast<int>(seq_len - chunk * kChunk < kChunk ? seq_len - chunk * kChunk : kChunk);
 
-  // Tokens past the sequence end are zero (k = v = q = 0, b = 0, a = 0): they then leave U, S
-  // and the chunk decay untouched, so the recurrence needs no masks.
-  float q[kChunk], k[kChunk], v[kChunk], a[kChunk];
-  const float decay_rate = __expf(p.A_log[hv]);
-  const float bias = p.dt_bias[hv * kHeadDim + c];
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) {
-    q[t] = k[t] = v[t] = a[t] = 0.f;
-    if (t < valid) {
-      const int64_t tok = t0 + t;
-      const int64_t qk = (tok * p.heads + h) * kHeadDim + c;
-      const int64_t vg = (tok * p.value_heads + hv) * kHeadDim + c;
-      q[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.q)[qk]);
-      k[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.k)[qk]);
-      v[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.v)[vg]);
-      a[t] = math::safe_gate_fast(load_f(p.g, vg, p.g_is_f32) + bias, decay_rate, p.lower_bound);
-    }
-  }
-  if (c < kChunk) {
-    s_b[c] = c < valid ? math::beta_sigmoid_fast(load_f(p.beta, (t0 + c) * p.value_heads + hv, p.beta_is_f32))
-                       : 0.f;
-  }
-
-  // L2 norms of q_t and k_t over the K channels (fp32, eps inside the sqrt).
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) {
-    const float sq = warp_sum(q[t] * q[t]), sk = warp_sum(k[t] * k[t]);
-    if (lane == 0) { s_norm[warp][t] = sq; s_norm[warp][kChunk + t] = sk; }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) {
-    float sq = 0.f, sk = 0.f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) { sq += s_norm[w][t]; sk += s_norm[w][kChunk + t]; }
-    q[t] *= rsqrtf(sq + float(math::kL2NormEps));
-    k[t] *= rsqrtf(sk + float(math::kL2NormEps));
-  }
-
-  // Cumulative decay G_t and the decayed operands. With the safe gate G >= 16 * lower_bound
-  // >= -80, so exp(+-G) stays inside fp32's normal range.
-  float G[kChunk];
-  float acc = 0.f;
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) { acc += a[t]; G[t] = acc; }
-  const float G_C = acc;
-  float kd[kChunk], qd[kChunk];
-#pragma unroll
-  for (int t = 0; t < kChunk; ++t) {
-    const float e = __expf(G[t]);
-    kd[t] = k[t] * e;
-    qd[t] = p.scale * q[t] * e;
-    s_kd[t][c] = kd[t];
-    s_qd[t][c] = qd[t];
-    s_ki[t][c] = k[t] * __expf(-G[t]);
-  }
-  __syncthreads();
-
-  // L = strictly_lower(diag(b) kd ki^T), M = lower_incl_diag(qd ki^T). Warp w owns rows 4w..4w+3;
-  // lanes 0-15 build L's column j = lane, lanes 16-31 M's.
+  // Phase 1. Tokens past the sequence end are zero (k = v = q = 0, b = 0, a = 0): they then
+  // leave U, S and the chunk decay untouched, so the recurrence needs no masks.
+  float gC;
   {
-    const int j = lane % kChunk;
-    const bool is_m = lane >= kChunk;
-    const float(*src)[kPad] = is_m ? s_qd : s_kd;
-    float dot[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int cc = 0; cc < kHeadDim; cc += 4) {
-      const float4 kij = *reinterpret_cast<const float4*>(&s_ki[j][cc]);
+    float q[kChunk], k[kChunk], v[kChunk], gr[kChunk];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float4 x = *reinterpret_cast<const float4*>(&src[4 * warp + r][cc]);
-        dot[r] += x.x * kij.x + x.y * kij.y + x.z * kij.z + x.w * kij.w;
+    for (int t = 0; t < kChunk; ++t) {
+      q[t] = k[t] = v[t] = gr[t] = 0.f;
+      if (t < valid) {
+        const int64_t tok = t0 + t;
+        const int64_t qk = (tok * p.heads + h) * kHeadDim + c;
+        const int64_t vg = (tok * p.value_heads + hv) * kHeadDim + c;
+        q[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.q)[qk]);
+        k[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.k)[qk]);
+        v[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.v)[vg]);
+        gr[t] = load_f(p.g, vg, p.g_is_f32);
       }
     }
+    if (c < kChunk) {
+      sm.beta[c] = c < valid ? math::beta_sigmoid_fast(load_f(p.beta, (t0 + c) * p.value_heads + hv, p.beta_is_f32))
+                             : 0.f;
+    }
+    // With the safe gate G >= 16 * lower_bound >= -80, so exp(+-G) stays inside fp32's range.
+    const float decay_rate = __expf(p.A_log[hv]);
+    const float bias = p.dt_bias[hv * kHeadDim + c];
+    float G = 0.f;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = 4 * warp + r;
-      if (is_m) s_M[i][j] = j <= i ? dot[r] : 0.f;
-      else s_L[i][j] = j < i ? s_b[i] * dot[r] : 0.f;
+    for (int t = 0; t < kChunk; ++t) {
+      if (t < valid) G += math::safe_gate_fast(gr[t] + bias, decay_rate, p.lower_bound);
+      const float e = __expf(G), ei = __expf(-G);
+      sm.kd[t][c] = to_tf32(k[t] * e);
+      sm.ki[t][c] = to_tf32(k[t] * ei);
+      sm.qd[t][c] = to_tf32(q[t] * e);
+      sm.qi[t][c] = to_tf32(q[t] * ei);
+      sm.v[t][c] = v[t];  // bf16 values are exact in tf32
+    }
+    gC = __expf(G);
+  }
+  __syncthreads();
+
+  // Phase 2: warp 0 kd ki^T, warp 1 qd ki^T, warp 2 qd qi^T (its diagonal only is used).
+  float acc[2][4];
+  if (warp < 3) gram(warp == 0 ? sm.kd : sm.qd, warp == 2 ? sm.qi : sm.ki, g, t4, acc);
+  __syncthreads();  // qi is dead: the 16x16 matrices take its place
+  if (warp < 3) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      float(*G3)[kChunk + 1] = sm.m.gram[warp];
+      G3[g][8 * nt + 2 * t4] = acc[nt][0];
+      G3[g][8 * nt + 2 * t4 + 1] = acc[nt][1];
+      G3[g + 8][8 * nt + 2 * t4] = acc[nt][2];
+      G3[g + 8][8 * nt + 2 * t4 + 1] = acc[nt][3];
     }
   }
   __syncthreads();
 
-  // (I + L)^-1 by forward substitution, one column per lane; folded with diag(b) on the right.
+  // Phase 3: normalise. L = strictly_lower(diag(b) kn kn^T) and -M = -lower_incl(scale qn kn^T),
+  // with kn = k / ||k||, qn = q / ||q|| (eps inside the square root).
+  const float eps = float(math::kL2NormEps);
+#pragma unroll
+  for (int e = c; e < kChunk * kChunk; e += kThreads) {
+    const int i = e / kChunk, j = e % kChunk;
+    const float rki = rsqrtf(sm.m.gram[0][i][i] + eps), rkj = rsqrtf(sm.m.gram[0][j][j] + eps);
+    const float rqi = rsqrtf(sm.m.gram[2][i][i] + eps);
+    sm.m.L[i][j] = j < i ? sm.beta[i] * sm.m.gram[0][i][j] * rki * rkj : 0.f;
+    sm.m.Mn[i][j] = j <= i ? to_tf32(-p.scale * sm.m.gram[1][i][j] * rqi * rkj) : 0.f;
+  }
+  __syncthreads();
+  // (I + L)^-1, column j per lane, in axpy order: the dependent chain is 16 steps long.
   if (warp == 0 && lane < kChunk) {
     const int j = lane;
     float x[kChunk];
 #pragma unroll
+    for (int i = 0; i < kChunk; ++i) x[i] = i == j ? 1.f : 0.f;
+#pragma unroll
+    for (int m = 0; m < kChunk; ++m)
+#pragma unroll
+      for (int i = m + 1; i < kChunk; ++i) x[i] -= sm.m.L[i][m] * x[m];
+    const float bj = sm.beta[j], rkj = rsqrtf(sm.m.gram[0][j][j] + eps);
+#pragma unroll
     for (int i = 0; i < kChunk; ++i) {
-      float s = i == j ? 1.f : 0.f;
-#pragma unroll
-      for (int m = 0; m < i; ++m) s -= s_L[i][m] * x[m];
-      x[i] = i < j ? 0.f : s;
+      sm.m.Ak[i][j] = to_tf32(x[i] * bj * rkj);
+      sm.m.Av[i][j] = to_tf32(x[i] * bj);
     }
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) s_Ab[i][j] = x[i] * s_b[j];
   }
   __syncthreads();
 
-  // Column c of W, U0 = Ab [kd | v]; Qe = qd - M W; O0 = M U0. Ab and M are lower triangular
-  // with exact zeros above the diagonal, so whole float4 groups up to the diagonal are summed.
-  float W[kChunk], U0[kChunk];
+  // Phase 4: per m-tile of 16 channels, W^T = kd^T Ak^T, U0^T = v^T Av^T,
+  // Qe^T = qd^T diag(scale/||q||) - W^T M^T, O0^T = U0^T M^T.
+  uint32_t bAk[2][2][2], bAv[2][2][2], bM[2][2][2];
+  load_b16(sm.m.Ak, g, t4, false, bAk);
+  load_b16(sm.m.Av, g, t4, false, bAv);
+  load_b16(sm.m.Mn, g, t4, true, bM);
+  float rq[2][2];  // scale / ||q|| of the tokens 8nt + 2t4 + {0, 1} this lane's accumulators hold
 #pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    float w = 0.f, u = 0.f;
+  for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-    for (int j0 = 0; j0 <= i; j0 += 4) {
-      const float4 ab = *reinterpret_cast<const float4*>(&s_Ab[i][j0]);
-      w += ab.x * kd[j0] + ab.y * kd[j0 + 1] + ab.z * kd[j0 + 2] + ab.w * kd[j0 + 3];
-      u += ab.x * v[j0] + ab.y * v[j0 + 1] + ab.z * v[j0 + 2] + ab.w * v[j0 + 3];
+    for (int x = 0; x < 2; ++x) {
+      const int t = 8 * nt + 2 * t4 + x;
+      rq[nt][x] = p.scale * rsqrtf(sm.m.gram[2][t][t] + eps);
     }
-    W[i] = w;
-    U0[i] = u;
+  float W[2][2][4], U[2][2][4], Qe[2][2][4], O[2][2][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    const int c0 = 32 * warp + 16 * mt;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) W[mt][nt][r] = U[mt][nt][r] = O[mt][nt][r] = 0.f;
+      const int t = 8 * nt + 2 * t4;
+      Qe[mt][nt][0] = sm.qd[t][c0 + g] * rq[nt][0];
+      Qe[mt][nt][1] = sm.qd[t + 1][c0 + g] * rq[nt][1];
+      Qe[mt][nt][2] = sm.qd[t][c0 + g + 8] * rq[nt][0];
+      Qe[mt][nt][3] = sm.qd[t + 1][c0 + g + 8] * rq[nt][1];
+    }
+    tile_times(sm.kd, c0, g, t4, bAk, W[mt]);
+    tile_times(sm.v, c0, g, t4, bAv, U[mt]);
+    acc_times(W[mt], bM, Qe[mt]);
+    // O0 = M U0 with +M: negate the -M fragments back (exact).
+    uint32_t bMp[2][2][2];
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) bMp[ks][nt][x] = bM[ks][nt][x] ^ 0x80000000u;
+    acc_times(U[mt], bMp, O[mt]);
   }
+  __syncthreads();  // kd, qd and v are dead: assemble the record over them
+
+  // Phase 5.
+  char* st = reinterpret_cast<char*>(&sm.kd[0][0]);
+  auto* sW = reinterpret_cast<__nv_bfloat16*>(st + kRecW);
+  auto* sQe = reinterpret_cast<__nv_bfloat16*>(st + kRecQe);
+  auto* sKr = reinterpret_cast<__nv_bfloat16*>(st + kRecKr);
+  auto* sU0T = reinterpret_cast<uint32_t*>(st + kRecU0T);
+  auto* sO0T = reinterpret_cast<uint32_t*>(st + kRecO0T);
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int ch = 32 * warp + 16 * mt + g + 8 * half, t = 8 * nt + 2 * t4;
+        sW[t * kHeadDim + ch] = __float2bfloat16(W[mt][nt][2 * half]);
+        sW[(t + 1) * kHeadDim + ch] = __float2bfloat16(W[mt][nt][2 * half + 1]);
+        sQe[t * kHeadDim + ch] = __float2bfloat16(Qe[mt][nt][2 * half]);
+        sQe[(t + 1) * kHeadDim + ch] = __float2bfloat16(Qe[mt][nt][2 * half + 1]);
+        sU0T[(ch * kChunk + t) / 2] = pack_bf16(U[mt][nt][2 * half], U[mt][nt][2 * half + 1]);
+        sO0T[(ch * kChunk + t) / 2] = pack_bf16(O[mt][nt][2 * half], O[mt][nt][2 * half + 1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kChunk; ++t)  // kr = ki e^{G_C} / ||k|| (ki lies past the record)
+    sKr[t * kHeadDim + c] = __float2bfloat16(sm.ki[t][c] * gC * rsqrtf(sm.m.gram[0][t][t] + eps));
+  reinterpret_cast<float*>(st + kRecGC)[c] = gC;
+  __syncthreads();
+
   char* rec = p.records + ((slot - p.slot_begin) * p.value_heads + hv) * int64_t(kRecordBytes);
-  auto* rW = reinterpret_cast<__nv_bfloat16*>(rec + kRecW);
-  auto* rQe = reinterpret_cast<__nv_bfloat16*>(rec + kRecQe);
-  auto* rKr = reinterpret_cast<__nv_bfloat16*>(rec + kRecKr);
-  __align__(16) __nv_bfloat16 u0t[kChunk], o0t[kChunk];
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    float qe = qd[i], o0 = 0.f;
-#pragma unroll
-    for (int j0 = 0; j0 <= i; j0 += 4) {
-      const float4 m = *reinterpret_cast<const float4*>(&s_M[i][j0]);
-      qe -= m.x * W[j0] + m.y * W[j0 + 1] + m.z * W[j0 + 2] + m.w * W[j0 + 3];
-      o0 += m.x * U0[j0] + m.y * U0[j0 + 1] + m.z * U0[j0 + 2] + m.w * U0[j0 + 3];
-    }
-    rW[i * kHeadDim + c] = __float2bfloat16(W[i]);
-    rQe[i * kHeadDim + c] = __float2bfloat16(qe);
-    rKr[i * kHeadDim + c] = __float2bfloat16(k[i] * __expf(G_C - G[i]));
-    u0t[i] = __float2bfloat16(U0[i]);
-    o0t[i] = __float2bfloat16(o0);
-  }
-  auto* rU0T = reinterpret_cast<uint4*>(rec + kRecU0T + c * kChunk * 2);
-  auto* rO0T = reinterpret_cast<uint4*>(rec + kRecO0T + c * kChunk * 2);
-  rU0T[0] = reinterpret_cast<const uint4*>(u0t)[0];
-  rU0T[1] = reinterpret_cast<const uint4*>(u0t)[1];
-  rO0T[0] = reinterpret_cast<const uint4*>(o0t)[0];
-  rO0T[1] = reinterpret_cast<const uint4*>(o0t)[1];
-  reinterpret_cast<float*>(rec + kRecGC)[c] = __expf(G_C);
+  for (int i = c; i < kRecordBytes / 16; i += kThreads)
+    reinterpret_cast<uint4*>(rec)[i] = reinterpret_cast<const uint4*>(st)[i];
 }
 
 }  // namespace
 
-void launch_prepare(const PrepareParams& p, cudaStream_t stream) {
+cudaError_t launch_prepare(const PrepareParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.slot_end - p.slot_begin), static_cast<unsigned>(p.value_heads));
   prepare_kernel<<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace flash_kda::sm90

@@ -77,7 +77,9 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   extern __shared__ __align__(128) char smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates: row group, column pair
-  const int64_t n = blockIdx.x;
+  // The window's sequences are consecutive: block x takes the x-th one from the first.
+  const int64_t n = p.seqs.seq_of_slot(p.slot_begin) + blockIdx.x;
+  if (n >= p.seqs.num_seqs) return;
   const int hv = blockIdx.y;
   const int v_block = blockIdx.z * NW * 16, v0 = v_block + warp * 16;
 
@@ -256,24 +258,28 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
 }
 
 template <int NW>
-void launch(const RecurrenceParams& p, cudaStream_t stream) {
+cudaError_t launch(const RecurrenceParams& p, int64_t max_seqs, cudaStream_t stream) {
   constexpr int kBytes = Layout<NW>::kBytes;
   if constexpr (kBytes > 48 * 1024) {
-    cudaFuncSetAttribute(recurrence_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    // Per device and thread-safe after the first call; a failure is reported, not launched over.
+    const cudaError_t e = cudaFuncSetAttribute(recurrence_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    if (e != cudaSuccess) return e;
   }
-  const dim3 grid(static_cast<unsigned>(p.seqs.num_seqs), static_cast<unsigned>(p.value_heads),
+  const int64_t seqs = max_seqs < p.seqs.num_seqs ? max_seqs : p.seqs.num_seqs;
+  const dim3 grid(static_cast<unsigned>(seqs), static_cast<unsigned>(p.value_heads),
                   static_cast<unsigned>(kHeadDim / (NW * 16)));
   recurrence_kernel<NW><<<grid, NW * 32, kBytes, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace
 
-void launch_recurrence(const RecurrenceParams& p, int warps_per_block, cudaStream_t stream) {
+cudaError_t launch_recurrence(const RecurrenceParams& p, int warps_per_block, int64_t max_seqs, cudaStream_t stream) {
   switch (warps_per_block) {
-    case 1: launch<1>(p, stream); break;
-    case 2: launch<2>(p, stream); break;
-    case 4: launch<4>(p, stream); break;
-    default: launch<8>(p, stream); break;
+    case 1: return launch<1>(p, max_seqs, stream);
+    case 2: return launch<2>(p, max_seqs, stream);
+    case 4: return launch<4>(p, max_seqs, stream);
+    default: return launch<8>(p, max_seqs, stream);
   }
 }
 

@@ -1,0 +1,77 @@
+"""flash_kda.fwd through the launch paths that the standard shapes rarely take.
+
+- Windows: long inputs are processed in windows of chunk slots with the state of the sequence
+  crossing a window boundary carried between windows (src/sm90/launch.cu). The test knob
+  FLASH_KDA_SM90_WINDOW_SLOTS forces windows of 1, 3 or 7 slots so that small problems cross
+  many windows, sequences span 3+ windows and windows start inside empty sequences.
+- Block widths: every recurrence block width (FLASH_KDA_SM90_WARPS = 1, 2, 4, 8 warps), which
+  the heuristic otherwise picks from the shape.
+- cu_seqlens values out of range on the GPU (unchecked there: no synchronisation allowed) are
+  clamped: the call completes without a fault, and the well-formed sequences before the first
+  bad offset are still exact.
+
+Accuracy bound: relative Frobenius error <= 1e-2 against the fp64 reference.
+"""
+from __future__ import annotations
+
+import pytest
+
+from fwd_cases import Case, Sample, all_finite, base_seed, make_inputs, new_outputs, call_fwd, reference, rel_err, \
+    run_fwd, sliced_outputs
+
+pytestmark = pytest.mark.cuda_sm90
+
+BOUND = 1e-2
+LENS = (40, 0, 1, 70, 0, 33)
+
+
+def _check(x, out, final_state, sample: Sample = Sample()) -> None:
+    import torch
+
+    torch.cuda.synchronize()
+    where = f"{x.case.name} (seed {base_seed()})"
+    ref_o, ref_s = reference(x, sample)
+    o, s = sliced_outputs(x, out, final_state, sample)
+    err_o = rel_err(o, ref_o)
+    assert err_o <= BOUND, f"{where}: out rel. error {err_o:.3e} > {BOUND}"
+    if s is not None:
+        err_s = rel_err(s, ref_s)
+        assert err_s <= BOUND, f"{where}: final_state rel. error {err_s:.3e} > {BOUND}"
+
+
+@pytest.mark.parametrize("window", [1, 3, 7])
+@pytest.mark.parametrize("warps", [1, 2, 4, 8])
+def test_windows_and_block_widths(monkeypatch, window, warps):
+    monkeypatch.setenv("FLASH_KDA_SM90_WINDOW_SLOTS", str(window))
+    monkeypatch.setenv("FLASH_KDA_SM90_WARPS", str(warps))
+    case = Case(f"varlen_window{window}_warps{warps}_fp32", heads=3, seq_lens=LENS, state="fp32")
+    x = make_inputs(case)
+    out, final_state = run_fwd(x)
+    assert all_finite(out) and all_finite(final_state), f"{case.name}: an element was not written"
+    _check(x, out, final_state)
+
+
+@pytest.mark.parametrize("warps", [2, 8])
+def test_fixed_length_over_windows(monkeypatch, warps):
+    monkeypatch.setenv("FLASH_KDA_SM90_WINDOW_SLOTS", "5")
+    monkeypatch.setenv("FLASH_KDA_SM90_WARPS", str(warps))
+    case = Case(f"fixed_T100_B3_window5_warps{warps}_bf16", heads=2, seqlen=100, batch=3, state="bf16")
+    x = make_inputs(case)
+    out, final_state = run_fwd(x)
+    _check(x, out, final_state)
+
+
+@pytest.mark.parametrize("bad", ["past_end", "negative", "decreasing"])
+def test_out_of_range_cu_seqlens_are_clamped(bad):
+    import torch
+
+    case = Case(f"varlen_bad_cu_{bad}_fp32", heads=2, seq_lens=(20, 30, 10), state="fp32")
+    x = make_inputs(case)
+    cu = {"past_end": [0, 20, 50, 1 << 40], "negative": [0, 20, -7, 60],
+          "decreasing": [0, 20, 60, 50]}[bad]
+    good = 2 if bad == "past_end" else 1  # leading sequences whose offsets are still right
+    x.cu_seqlens = torch.tensor(cu, dtype=torch.int64, device=x.v.device)
+    out, final_state = new_outputs(x, fill=0.0)
+    call_fwd(x, out, final_state)
+    torch.cuda.synchronize()  # raises on a device fault
+    _check(x, out, final_state, Sample(seqs=tuple(range(good))))
