@@ -147,14 +147,16 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     // u[nt], o[nt]: U^T / O^T rows v0+g, v0+g+8, token columns nt*8 + 2*t4 + {0,1}.
     const char* u0t = stage + L::kU0T + (warp * 16) * kChunk * 2;
     const char* o0t = stage + L::kO0T + (warp * 16) * kChunk * 2;
-    float u[2][4], o[2][4];
+    // U's products are on the sequential chain: two accumulators (even and odd k-steps) halve
+    // the dependent HMMA chain to 4 (the chain's fixed-latency waits were ~30% of stall samples).
+    float u[2][2][4], o[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int off = ((g + 8 * half) * kChunk + nt * 8 + 2 * t4) * 2;
         const float2 oo = unpack_bf16(*reinterpret_cast<const uint32_t*>(o0t + off));
-        u[nt][2 * half] = u[nt][2 * half + 1] = 0.f;
+        u[0][nt][2 * half] = u[0][nt][2 * half + 1] = u[1][nt][2 * half] = u[1][nt][2 * half + 1] = 0.f;
         o[nt][2 * half] = oo.x;
         o[nt][2 * half + 1] = oo.y;
       }
@@ -167,10 +169,11 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       cute::SM75_U32x4_LDSM_N::copy(
           *reinterpret_cast<const cute::uint128_t*>(stage + L::kW + ld_row * L::kRow + (kk * 16 + ld_col) * 2),
           b[0], b[1], b[2], b[3]);
-      Mma::fma(u[0][0], u[0][1], u[0][2], u[0][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[0], b[1],
-               u[0][0], u[0][1], u[0][2], u[0][3]);
-      Mma::fma(u[1][0], u[1][1], u[1][2], u[1][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[2], b[3],
-               u[1][0], u[1][1], u[1][2], u[1][3]);
+      float(&uk)[2][4] = u[kk % 2];
+      Mma::fma(uk[0][0], uk[0][1], uk[0][2], uk[0][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[0], b[1],
+               uk[0][0], uk[0][1], uk[0][2], uk[0][3]);
+      Mma::fma(uk[1][0], uk[1][1], uk[1][2], uk[1][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[2], b[3],
+               uk[1][0], uk[1][1], uk[1][2], uk[1][3]);
       cute::SM75_U32x4_LDSM_N::copy(
           *reinterpret_cast<const cute::uint128_t*>(stage + L::kQe + ld_row * L::kRow + (kk * 16 + ld_col) * 2),
           b[0], b[1], b[2], b[3]);
@@ -188,7 +191,8 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       for (int half = 0; half < 2; ++half) {
         const int off = ((g + 8 * half) * kChunk + nt * 8 + 2 * t4) * 2;
         const float2 uu = unpack_bf16(*reinterpret_cast<const uint32_t*>(u0t + off));
-        ua[2 * nt + half] = pack_bf16(uu.x - u[nt][2 * half], uu.y - u[nt][2 * half + 1]);
+        ua[2 * nt + half] = pack_bf16(uu.x - (u[0][nt][2 * half] + u[1][nt][2 * half]),
+                                      uu.y - (u[0][nt][2 * half + 1] + u[1][nt][2 * half + 1]));
       }
     }
 
