@@ -153,7 +153,7 @@ if [[ -n ${OUT:-} ]]; then
     [[ -f $LOG/$f ]] && cp "$LOG/$f" "$OUT/"
   done
   for f in BENCHMARK_H200.md BENCHMARK_H200.png; do  # written by GPU_CHECK_BENCH_ARGS=--write-record
-    [[ -f $ROOT/$f && $ROOT/$f -nt $LOG ]] && cp "$ROOT/$f" "$OUT/"
+    [[ -f $ROOT/$f && $ROOT/$f -nt $LOG/gpu.txt ]] && cp "$ROOT/$f" "$OUT/"
   done
   # fla's autotune choices from the benchmark (small JSON files; the compiled kernels are
   # tens of MB): carried back in .triton-cache/, they spare the next machine the tuning.
