@@ -117,7 +117,10 @@ if [[ ${GPU_CHECK_SKIP_BENCH:-0} != 1 ]] &&
 fi
 # fla's kernels for the benchmark's shapes compile (scripts/warm_fla.py) on the other half of
 # the cores while the GPU tests run: on a fresh machine that compile is most of the benchmark.
-if ((HAVE_BENCH)); then
+# With fla's autotune choices carried in .triton-cache/ (triton-autotune.tgz of an earlier run)
+# the benchmark compiles only the chosen configurations: no warm-up needed.
+CARRIED_TUNING=$(find "$TRITON_CACHE_DIR" -name '*.autotune.json' 2>/dev/null | wc -l)
+if ((HAVE_BENCH && CARRIED_TUNING == 0)); then
   WARM_T0=$SECONDS
   (timeout 300 "$PY" scripts/warm_fla.py --jobs "$((JOBS / 2))" >"$LOG/fla-warm.log" 2>&1; echo $? >"$LOG/fla-warm.rc") &
   WARM_PID=$!
@@ -127,10 +130,14 @@ fi
 run_step pytest-gpu 300 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider "${XDIST[@]}" \
   -m "not large_memory" --durations=10 --junitxml="$LOG/pytest-gpu.xml" ${GPU_CHECK_PYTEST_ARGS:-}
 if ((HAVE_BENCH)); then
-  wait "$WARM_PID"
-  ORDER+=(fla-warm); SECS[fla-warm]=$((SECONDS - WARM_T0))
-  rc=$(cat "$LOG/fla-warm.rc" 2>/dev/null || echo 1)
-  if [[ $rc == 0 ]]; then STATUS[fla-warm]=pass; else STATUS[fla-warm]="FAIL (exit $rc)"; tail -n 15 "$LOG/fla-warm.log"; fi
+  if ((CARRIED_TUNING == 0)); then
+    wait "$WARM_PID"
+    ORDER+=(fla-warm); SECS[fla-warm]=$((SECONDS - WARM_T0))
+    rc=$(cat "$LOG/fla-warm.rc" 2>/dev/null || echo 1)
+    if [[ $rc == 0 ]]; then STATUS[fla-warm]=pass; else STATUS[fla-warm]="FAIL (exit $rc)"; tail -n 15 "$LOG/fla-warm.log"; fi
+  else
+    skip_step fla-warm "$CARRIED_TUNING fla autotune results carried in $TRITON_CACHE_DIR"
+  fi
   # The benchmark alone on the GPU: its timings and fla's autotune choices must be uncontended.
   # shellcheck disable=SC2086
   run_step bench 300 "$PY" -m flash_kda.bench --out-dir "$LOG/bench" ${GPU_CHECK_BENCH_ARGS:-}

@@ -336,6 +336,42 @@ def _env(name: str, value: str):
             os.environ[name] = old
 
 
+FLA_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fla_configs.json")
+
+
+@functools.lru_cache(maxsize=None)
+def pin_fla_configs() -> int:
+    """Pins fla's autotuned Triton kernels named in fla_configs.json to that one configuration
+    (scripts/pin_fla_configs.py says where they come from); returns how many were pinned.
+
+    fla autotunes ~100 configurations for every new head count and flag combination, which
+    made the GPU suite outlast a 10-minute device call; a one-configuration Autotuner skips
+    tuning (triton.runtime.autotuner.Autotuner.run). fla's numerics do not depend on its tile
+    configuration, so the comparison is unchanged. FLASH_KDA_TEST_FLA_AUTOTUNE=1 keeps fla's
+    own autotuning. Call after importing fla.ops.kda (its kernels are module attributes)."""
+    import json
+    import sys
+
+    import triton
+    from triton.runtime.autotuner import Autotuner
+
+    if os.environ.get("FLASH_KDA_TEST_FLA_AUTOTUNE") == "1" or not os.path.exists(FLA_CONFIGS):
+        return 0
+    with open(FLA_CONFIGS) as f:
+        configs = json.load(f)["kernels"]
+    pinned = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla.ops") or module is None:
+            continue
+        for obj in list(vars(module).values()):
+            if isinstance(obj, Autotuner) and obj.base_fn.__name__ in configs and len(obj.configs) > 1:
+                c = configs[obj.base_fn.__name__]
+                obj.configs = [triton.Config(c["kwargs"], num_warps=c["num_warps"], num_stages=c["num_stages"],
+                                             num_ctas=c.get("num_ctas", 1), maxnreg=c.get("maxnreg"))]
+                pinned += 1
+    return pinned
+
+
 def run_fla(x: Inputs):
     """fla chunk_kda, Triton path, on the same inputs and gate as flash_kda.fwd.
 
@@ -346,6 +382,7 @@ def run_fla(x: Inputs):
     import torch
     from fla.ops.kda import chunk_kda
 
+    pin_fla_configs()
     init = x.initial_state
     if init is not None:
         init = init.float()

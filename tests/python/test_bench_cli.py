@@ -112,3 +112,11 @@ def test_layer_rejects_heads(capsys):
         cli.parse_args(["--layer", "--heads", "8"])
     assert e.value.code == 2
     assert "--heads does not apply to --layer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--T", "1024"], ["--cases", "h4_fixed_1024"], ["--layer"]])
+def test_from_json_takes_no_case_flags(capsys, extra):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--from-json", "r.json", *extra])
+    assert e.value.code == 2
+    assert "--from-json re-renders an earlier run" in capsys.readouterr().err

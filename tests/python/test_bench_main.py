@@ -191,3 +191,37 @@ def test_our_errors_in_the_check_fail_the_case(gpu_machine, monkeypatch):
     assert main_mod.case_failed(result)
     result, kept, seen, fla_res = _check_with(monkeypatch, lambda: None, fla)
     assert result["errors"] == {} and kept is fla and seen["fla_out"] is fla_res["out"]
+
+
+def test_from_json_rerenders_without_a_gpu(monkeypatch, tmp_path, capsys):
+    # No GPU: --from-json must not even ask for one.
+    monkeypatch.setattr(environment, "unmet_requirement", lambda: "needs a GPU")
+    cases = [Case("h4_fixed_1024", heads=4, T=1024), Case("h96_fixed_512", heads=96, T=512)]
+    results = {"meta": {"gpu": "Fake H200"}, "copy_bandwidth": BW, "settings": {"iters": 5, "warmup": 1, "seed": 0},
+               "cases": [_case_result(c) for c in cases]}
+    src = tmp_path / "earlier.json"
+    src.write_text(json.dumps(results))
+    out = tmp_path / "out"
+    code = main_mod.main(["--from-json", str(src), "--out-dir", str(out), "--no-plot"])
+    assert code == main_mod.EXIT_OK
+    assert json.loads((out / "results.json").read_text())["cases"] == results["cases"]
+    md = (out / "results.md").read_text()
+    assert "h4_fixed_1024" in md and "h96_fixed_512" in md
+    assert "h96_fixed_512" in capsys.readouterr().out
+
+
+def test_from_json_failed_check_exits_1(tmp_path):
+    results = {"meta": {}, "copy_bandwidth": BW, "settings": {"iters": 5, "warmup": 1, "seed": 0},
+               "cases": [_case_result(Case("h4_fixed_1024", heads=4, T=1024), out_err=0.5)]}
+    src = tmp_path / "earlier.json"
+    src.write_text(json.dumps(results))
+    assert main_mod.main(["--from-json", str(src), "--out-dir", str(tmp_path / "o"), "--no-plot"]) == main_mod.EXIT_FAILED
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"meta": {}}'])
+def test_from_json_unreadable_exits_2(tmp_path, capsys, content):
+    src = tmp_path / "earlier.json"
+    if content is not None:
+        src.write_text(content)
+    assert main_mod.main(["--from-json", str(src), "--out-dir", str(tmp_path / "o")]) == main_mod.EXIT_UNSUPPORTED
+    assert "--from-json: cannot read" in capsys.readouterr().err

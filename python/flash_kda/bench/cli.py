@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--write-record", action="store_true",
                      help=f"also write {RECORD_NAME} at the repository root (the committed record)")
     out.add_argument("--no-plot", action="store_true", help="do not draw chart.png")
+    out.add_argument("--from-json", type=Path, default=None, metavar="RESULTS_JSON",
+                     help="run nothing: re-render the outputs (table, Markdown, chart, --write-record) "
+                     "of an earlier run from its results.json; needs no GPU")
     return p
 
 
@@ -101,6 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error("--heads/--batch describe a custom case: give --T or --seqlens too")
     if args.layer and args.heads is not None:
         parser.error("--heads does not apply to --layer (the layer has Kimi Linear's 32 heads)")
+    if args.from_json is not None and (custom or args.cases is not None or args.layer):
+        parser.error("--from-json re-renders an earlier run: do not combine it with case flags or --layer")
     if args.layer and args.T is not None and args.T <= 64:
         parser.error("--layer needs --T > 64 (fla runs its fused_recurrent path for T <= 64)")
     try:

@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     sentence on stderr and returns 2 before touching the GPU.
     """
     args = cli.parse_args(argv)
+    if args.from_json is not None:
+        return rerender(args)
     unmet = environment.unmet_requirement()
     if unmet is not None:
         print(unmet, file=sys.stderr)
@@ -44,6 +46,29 @@ def main(argv: list[str] | None = None) -> int:
         failed = any(case_failed(r) for r in results["cases"])
     write_outputs(results, args)
     print(report.format_table(results))
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def rerender(args) -> int:
+    """--from-json: the outputs of an earlier run, re-rendered from its results.json (for a
+    run whose files did not all come back, or after a change to the report format). The data
+    and its metadata (GPU, versions, date) are the earlier run's; nothing is measured."""
+    import json
+
+    try:
+        results = json.loads(args.from_json.read_text())
+        if not isinstance(results, dict) or not isinstance(results.get("cases"), list):
+            raise ValueError("no 'cases' list")
+    except (OSError, ValueError) as err:
+        print(f"--from-json: cannot read {args.from_json}: {err}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    import datetime
+
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    results.setdefault("meta", {})["rendered"] = f"re-rendered from results.json with --from-json on {now}"
+    write_outputs(results, args)
+    print(report.format_table(results))
+    failed = any(case_failed(r) for r in results["cases"])
     return EXIT_FAILED if failed else EXIT_OK
 
 
