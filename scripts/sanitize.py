@@ -99,6 +99,21 @@ def run_cases() -> int:
               + ", ".join(f"{e:.2e}" for e in errs), flush=True)
     for name in ("FLASH_KDA_SM90_WINDOW_SLOTS", "FLASH_KDA_SM90_WARPS"):
         os.environ.pop(name)
+    # The segment-parallel path: 3 segments, varlen with empty and 1-token sequences.
+    os.environ["FLASH_KDA_SM90_SEGMENTS"] = "3"
+    for state in ("fp32", "bf16"):
+        x = make_inputs(Case(f"san_segments3_{state}", heads=2, seq_lens=(70, 0, 1, 40), state=state))
+        out, final_state = new_outputs(x)
+        call_fwd(x, out, final_state)
+        torch.cuda.synchronize()
+        ref_o, ref_s = reference(x)
+        o, s = sliced_outputs(x, out, final_state)
+        errs = [rel_err(o, ref_o), rel_err(s, ref_s)]
+        ok = all(e <= 1e-2 for e in errs)
+        failures += not ok
+        print(f"sanitize: {x.case.name}: {'ok' if ok else 'WRONG'} rel. errors "
+              + ", ".join(f"{e:.2e}" for e in errs), flush=True)
+    os.environ.pop("FLASH_KDA_SM90_SEGMENTS")
     x = make_inputs(Case("san_bad_cu_seqlens_fp32", heads=2, seq_lens=(20, 30, 10), state="fp32"))
     x.cu_seqlens = torch.tensor([0, 20, 1 << 40, 3], dtype=torch.int64, device=x.v.device)
     out, final_state = new_outputs(x, fill=0.0)

@@ -23,7 +23,27 @@ constexpr int64_t kMinWindowSlots = 16;
 struct Plan {
   int64_t total_slots, window_slots, num_windows;
   size_t records_bytes, carry_bytes;
+  int64_t seg_len = 0, max_segs = 1;  // segment-parallel mode when seg_len > 0
+  size_t seg_maps_bytes = 0, seg_states_bytes = 0;
 };
+
+// Segment-parallel mode (RecurrenceParams): few (sequence, head) pairs with long sequences
+// leave most SMs idle on one long chain. Cutting each sequence into S segments costs 3x the
+// state-passing work (P and Q of each segment, then the segments again from their true start
+// states) plus an S-step scan, but the chain shrinks from C chunks to ~2C/S + S scan steps.
+// S is chosen so that (sequences x heads x S) blocks fill one wave of an H100/H200's 132 SMs,
+// with segments of at least 32 chunks, and only when that gives S >= 8. The plan depends on the
+// shape alone (the workspace size must), hence the fixed SM count.
+// FLASH_KDA_SM90_SEGMENTS=S (S >= 1) forces S segments per sequence (1: off); tests use it.
+constexpr int64_t kWaveSMs = 132;
+constexpr int64_t kMinSegChunks = 32;
+constexpr int64_t kMinSegments = 8;
+
+int64_t segments_override() {
+  const char* env = std::getenv("FLASH_KDA_SM90_SEGMENTS");
+  const long long s = env ? std::atoll(env) : 0;
+  return s > 0 ? s : 0;
+}
 
 // FLASH_KDA_SM90_WINDOW_SLOTS=n (n >= 1) forces the window size: a test knob that makes small
 // problems cross several windows (tests/python/test_fwd_windows.py).
@@ -43,6 +63,22 @@ Plan make_plan(const ProblemShape& p) {
   plan.num_windows = (plan.total_slots + plan.window_slots - 1) / plan.window_slots;
   plan.records_bytes = size_t(plan.window_slots) * size_t(per_slot);
   plan.carry_bytes = plan.num_windows > 1 ? 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float) : 0;
+
+  // Chunks of the longest sequence: exact for fixed length, an upper bound for varlen.
+  const int64_t max_chunks = (p.seqlen + kChunk - 1) / kChunk;
+  const int64_t pairs = std::max<int64_t>(p.num_seqs * p.value_heads, 1);
+  int64_t segs = segments_override();
+  if (segs == 0) {
+    segs = std::min(kWaveSMs / pairs, max_chunks / kMinSegChunks);
+    if (segs < kMinSegments) segs = 1;
+  }
+  if (plan.num_windows == 1 && segs > 1 && max_chunks > 1) {
+    plan.seg_len = (max_chunks + segs - 1) / segs;
+    plan.max_segs = (max_chunks + plan.seg_len - 1) / plan.seg_len;
+    const size_t per_seg = size_t(p.num_seqs) * size_t(p.value_heads) * size_t(kStateBytes);
+    plan.seg_maps_bytes = 2 * per_seg * size_t(plan.max_segs - 1);
+    plan.seg_states_bytes = per_seg * size_t(plan.max_segs);
+  }
   return plan;
 }
 
@@ -85,7 +121,8 @@ struct DeviceGuard {
 
 size_t workspace_bytes(const ProblemShape& p) {
   const Plan plan = make_plan(p);
-  return round_up(plan.records_bytes) + round_up(plan.carry_bytes);
+  return round_up(plan.records_bytes) + round_up(plan.carry_bytes) + round_up(plan.seg_maps_bytes) +
+         round_up(plan.seg_states_bytes);
 }
 
 void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace, size_t, Stream stream) {
@@ -101,6 +138,8 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   const Plan plan = make_plan(p);
   char* records = static_cast<char*>(workspace);
   float* carry = reinterpret_cast<float*>(records + round_up(plan.records_bytes));
+  float* seg_maps = reinterpret_cast<float*>(reinterpret_cast<char*>(carry) + round_up(plan.carry_bytes));
+  float* seg_states = reinterpret_cast<float*>(reinterpret_cast<char*>(seg_maps) + round_up(plan.seg_maps_bytes));
   const size_t carry_elems = size_t(p.value_heads) * kHeadDim * kHeadDim;
 
   SeqIndex seqs;
@@ -136,6 +175,31 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   const int nw = pick_warps_per_block(p.num_seqs * p.value_heads, num_sms);
 
+  if (plan.seg_len > 0) {  // one window: stage 1, segment maps, scan, segments from their starts
+    pp.slot_begin = rp.slot_begin = 0;
+    pp.slot_end = rp.slot_end = plan.total_slots;
+    rp.carry_in = rp.carry_out = nullptr;
+    rp.seg_len = plan.seg_len;
+    rp.max_segs = plan.max_segs;
+    rp.seg_maps = seg_maps;
+    rp.seg_states = seg_states;
+    check(launch_prepare(pp, stream), "prepare kernel launch");
+    rp.seg_pass = kSegMaps;
+    check(launch_recurrence(rp, 8, plan.total_slots, stream), "segment maps launch");
+    ScanParams sp{};
+    sp.seqs = seqs;
+    sp.value_heads = rp.value_heads;
+    sp.seg_len = plan.seg_len;
+    sp.max_segs = plan.max_segs;
+    sp.seg_maps = seg_maps;
+    sp.seg_states = seg_states;
+    sp.initial_state = rp.initial_state;
+    sp.state_is_f32 = rp.state_is_f32;
+    check(launch_segment_scan(sp, stream), "segment scan launch");
+    rp.seg_pass = kSegFinish;
+    check(launch_recurrence(rp, 8, plan.total_slots, stream), "segment finish launch");
+    return;
+  }
   for (int64_t w = 0; w < plan.num_windows; ++w) {
     const int64_t begin = w * plan.window_slots;
     const int64_t end = std::min(plan.total_slots, begin + plan.window_slots);

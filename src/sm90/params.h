@@ -100,6 +100,34 @@ struct RecurrenceParams {
   float* carry_in;              // fp32 [HV, V, K]: state of the sequence crossing slot_begin
   float* carry_out;             // fp32 [HV, V, K]: state of the sequence crossing slot_end
   int64_t slot_begin, slot_end;
+
+  // Segment-parallel mode (seg_len > 0; one window only). Across a segment of chunks the state
+  // map is affine, X -> X P + Q with X = S^T [V x K] (docs/kda-spec.md, last section of
+  // "Chunked form"), so each sequence is cut into segments of seg_len chunks walked by
+  // different blocks (blockIdx.x = sequence * max_segs + segment):
+  //   pass kSegMaps:   P (from X = I with U0 = 0) and Q (from X = 0) of every segment but the
+  //                    last, into seg_maps; no output;
+  //   segment_scan:    X_0 = the initial state, X_{j+1} = X_j P_j + Q_j, all into seg_states;
+  //   pass kSegFinish: every segment from its true start state, writing out and final_state.
+  int64_t seg_len = 0;           // chunks per segment; 0: whole sequences (no segments)
+  int64_t max_segs = 1;          // segments per sequence in the grid
+  int seg_pass = 0;              // kSegFinish or kSegMaps
+  float* seg_maps = nullptr;     // fp32 [N][max_segs - 1][HV][2][V][K]: P then Q of segment j
+  const float* seg_states = nullptr;  // fp32 [N][max_segs][HV][V][K]: state entering segment j
+};
+
+inline constexpr int kSegFinish = 0;
+inline constexpr int kSegMaps = 1;
+
+/// Segment scan parameters (segment_scan.cu).
+struct ScanParams {
+  SeqIndex seqs;
+  int value_heads;
+  int64_t seg_len, max_segs;
+  const float* seg_maps;
+  float* seg_states;
+  const void* initial_state;  // [N, HV, V, K] or nullptr (zero state)
+  bool state_is_f32;
 };
 
 /// Launches stage 1 over the window's slots; returns the launch's error status.
@@ -108,5 +136,10 @@ cudaError_t launch_prepare(const PrepareParams& p, struct CUstream_st* stream);
 /// at least one slot, so the window's slot count bounds it); returns the launch's error status.
 cudaError_t launch_recurrence(const RecurrenceParams& p, int warps_per_block, int64_t max_seqs,
                               struct CUstream_st* stream);
+/// Launches the sequential scan over segment maps, one block per (sequence, head, 16 rows).
+cudaError_t launch_segment_scan(const ScanParams& p, struct CUstream_st* stream);
+
+/// Bytes of one segment map buffer entry: a fp32 [V][K] matrix.
+inline constexpr int64_t kStateBytes = int64_t(kHeadDim) * kHeadDim * 4;
 
 }  // namespace flash_kda::sm90

@@ -77,33 +77,54 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   extern __shared__ __align__(128) char smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates: row group, column pair
-  // The window's sequences are consecutive: block x takes the x-th one from the first.
-  const int64_t n = p.seqs.seq_of_slot(p.slot_begin) + blockIdx.x;
+  // The window's sequences are consecutive: block x takes the x-th one from the first (in
+  // segment mode, segment x % max_segs of sequence x / max_segs).
+  const int64_t seg_len = p.seg_len;
+  const int64_t n = p.seqs.seq_of_slot(p.slot_begin) + (seg_len > 0 ? blockIdx.x / p.max_segs : blockIdx.x);
+  const int64_t seg = seg_len > 0 ? blockIdx.x % p.max_segs : 0;
   if (n >= p.seqs.num_seqs) return;
   const int hv = blockIdx.y;
-  const int v_block = blockIdx.z * NW * 16, v0 = v_block + warp * 16;
+  constexpr int kColBlocks = kHeadDim / (NW * 16);
+  const bool maps = seg_len > 0 && p.seg_pass == kSegMaps;
+  const int part = blockIdx.z / kColBlocks;  // maps: 0 = P (from X = I, U0 = 0), 1 = Q (from X = 0)
+  const bool use_u0 = !(maps && part == 0);
+  const int v_block = (blockIdx.z % kColBlocks) * NW * 16, v0 = v_block + warp * 16;
 
   const int64_t first = p.seqs.first_slot(n);
   const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.start(n + 1) - seq_begin;
   const int64_t num_chunks = (seq_len + kChunk - 1) / kChunk;
   const int64_t owned_end = first + (num_chunks > 0 ? num_chunks : 1);  // an empty sequence owns one slot
   if (owned_end <= p.slot_begin || first >= p.slot_end) return;
-  const int64_t c_begin = p.slot_begin > first ? p.slot_begin - first : 0;
-  const int64_t c_end = min(num_chunks, p.slot_end - first);
+  int64_t c_begin = p.slot_begin > first ? p.slot_begin - first : 0;
+  int64_t c_end = min(num_chunks, p.slot_end - first);
   const int64_t HV = p.value_heads;
+  if (seg_len > 0) {  // one window holds every slot: the segment alone bounds the chunks
+    const int64_t num_segs = num_chunks > 0 ? (num_chunks + seg_len - 1) / seg_len : 1;
+    if (seg >= num_segs || (maps && seg == num_segs - 1)) return;  // the last map is never used
+    c_begin = seg * seg_len;
+    c_end = min(num_chunks, c_begin + seg_len);
+  }
+  const int64_t maps_per_seq = p.max_segs - 1;
 
   // s[nt][*]: S^T rows v0+g and v0+g+8, columns k = nt*8 + 2*t4 + {0,1} (m16n8 accumulator layout).
   float s[kHeadDim / 8][4];
   {
     const int64_t base = ((n * HV + hv) * kHeadDim) * kHeadDim;
-    const bool from_carry = c_begin > 0;
+    const bool from_carry = seg_len == 0 && c_begin > 0;
+    const bool from_segment = seg_len > 0 && !maps;  // the scan wrote every segment's start state
+    const float* seg_state = from_segment
+        ? p.seg_states + ((n * p.max_segs + seg) * HV + hv) * (kHeadDim * kHeadDim) : nullptr;
 #pragma unroll
     for (int nt = 0; nt < kHeadDim / 8; ++nt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
         float2 x = make_float2(0.f, 0.f);
-        if (from_carry) {
+        if (maps) {
+          if (part == 0) x = make_float2(v == k ? 1.f : 0.f, v == k + 1 ? 1.f : 0.f);
+        } else if (from_segment) {
+          x = *reinterpret_cast<const float2*>(seg_state + v * kHeadDim + k);
+        } else if (from_carry) {
           x = *reinterpret_cast<const float2*>(p.carry_in + (int64_t(hv) * kHeadDim + v) * kHeadDim + k);
         } else if (p.initial_state != nullptr) {
           const int64_t off = base + int64_t(v) * kHeadDim + k;
@@ -174,6 +195,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
                uk[0][0], uk[0][1], uk[0][2], uk[0][3]);
       Mma::fma(uk[1][0], uk[1][1], uk[1][2], uk[1][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[2], b[3],
                uk[1][0], uk[1][1], uk[1][2], uk[1][3]);
+      if (maps) continue;  // no output in the segment-map pass
       cute::SM75_U32x4_LDSM_N::copy(
           *reinterpret_cast<const cute::uint128_t*>(stage + L::kQe + ld_row * L::kRow + (kk * 16 + ld_col) * 2),
           b[0], b[1], b[2], b[3]);
@@ -190,7 +212,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int off = ((g + 8 * half) * kChunk + nt * 8 + 2 * t4) * 2;
-        const float2 uu = unpack_bf16(*reinterpret_cast<const uint32_t*>(u0t + off));
+        const float2 uu = use_u0 ? unpack_bf16(*reinterpret_cast<const uint32_t*>(u0t + off)) : make_float2(0.f, 0.f);
         ua[2 * nt + half] = pack_bf16(uu.x - (u[0][nt][2 * half] + u[1][nt][2 * half]),
                                       uu.y - (u[0][nt][2 * half + 1] + u[1][nt][2 * half + 1]));
       }
@@ -216,31 +238,44 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       }
     }
 
-    // O^T -> [token][v] staging -> 32 contiguous bytes per token row of out.
-    auto* stage_out = reinterpret_cast<__nv_bfloat16*>(smem + L::kOut) + warp * kChunk * 16;
+    if (!maps) {  // O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
+      auto* stage_out = reinterpret_cast<__nv_bfloat16*>(smem + L::kOut) + warp * kChunk * 16;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int v = g + 8 * half, t = nt * 8 + 2 * t4;
-        stage_out[t * 16 + v] = __float2bfloat16(o[nt][2 * half]);
-        stage_out[(t + 1) * 16 + v] = __float2bfloat16(o[nt][2 * half + 1]);
+        for (int half = 0; half < 2; ++half) {
+          const int v = g + 8 * half, t = nt * 8 + 2 * t4;
+          stage_out[t * 16 + v] = __float2bfloat16(o[nt][2 * half]);
+          stage_out[(t + 1) * 16 + v] = __float2bfloat16(o[nt][2 * half + 1]);
+        }
       }
-    }
-    __syncwarp();
-    {
-      const int t = lane / 2, part = lane % 2;
-      if (c * kChunk + t < seq_len) {
-        const int64_t tok = seq_begin + c * kChunk + t;
-        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + (tok * HV + hv) * kHeadDim + v0 + part * 8) =
-            *reinterpret_cast<const uint4*>(stage_out + t * 16 + part * 8);
+      __syncwarp();
+      {
+        const int t = lane / 2, piece = lane % 2;
+        if (c * kChunk + t < seq_len) {
+          const int64_t tok = seq_begin + c * kChunk + t;
+          *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + (tok * HV + hv) * kHeadDim + v0 + piece * 8) =
+              *reinterpret_cast<const uint4*>(stage_out + t * 16 + piece * 8);
+        }
       }
     }
     __syncthreads();  // the stage buffer and the staging tile are reused next iteration
   }
 
-  // The state after this window: the sequence's final state, or the carry to the next window.
+  if (maps) {  // P or Q of this segment
+    float* dst = p.seg_maps + (((n * maps_per_seq + seg) * HV + hv) * 2 + part) * (kHeadDim * kHeadDim);
+#pragma unroll
+    for (int nt = 0; nt < kHeadDim / 8; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<float2*>(dst + (v0 + g + 8 * half) * kHeadDim + nt * 8 + 2 * t4) =
+            make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
+    return;
+  }
+  // The state after this window: the sequence's final state, or the carry to the next window
+  // (in segment mode only the last segment's end state is kept: the scan made the others).
   const bool done = c_end == num_chunks;
+  if (seg_len > 0 && !done) return;
   if (done && p.final_state == nullptr) return;
   const int64_t base = ((n * HV + hv) * kHeadDim) * kHeadDim;
 #pragma unroll
@@ -270,8 +305,9 @@ cudaError_t launch(const RecurrenceParams& p, int64_t max_seqs, cudaStream_t str
     if (e != cudaSuccess) return e;
   }
   const int64_t seqs = max_seqs < p.seqs.num_seqs ? max_seqs : p.seqs.num_seqs;
-  const dim3 grid(static_cast<unsigned>(seqs), static_cast<unsigned>(p.value_heads),
-                  static_cast<unsigned>(kHeadDim / (NW * 16)));
+  const bool maps = p.seg_len > 0 && p.seg_pass == kSegMaps;
+  const dim3 grid(static_cast<unsigned>(seqs * (p.seg_len > 0 ? p.max_segs : 1)), static_cast<unsigned>(p.value_heads),
+                  static_cast<unsigned>(kHeadDim / (NW * 16) * (maps ? 2 : 1)));
   recurrence_kernel<NW><<<grid, NW * 32, kBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -6,6 +6,11 @@
   many windows, sequences span 3+ windows and windows start inside empty sequences.
 - Block widths: every recurrence block width (FLASH_KDA_SM90_WARPS = 1, 2, 4, 8 warps), which
   the heuristic otherwise picks from the shape.
+- Segments: FLASH_KDA_SM90_SEGMENTS forces the segment-parallel path (each sequence cut into
+  segments whose affine state maps are combined by a scan, src/sm90/segment_scan.cu) that the
+  heuristic picks for few heads and long sequences; with segment counts that do and do not
+  divide the chunk count, varlen batches with empty and 1-token sequences, every state dtype
+  and the in-place state update.
 - cu_seqlens values out of range on the GPU (unchecked there: no synchronisation allowed) are
   clamped: the call completes without a fault, and the well-formed sequences before the first
   bad offset are still exact.
@@ -75,3 +80,36 @@ def test_out_of_range_cu_seqlens_are_clamped(bad):
     call_fwd(x, out, final_state)
     torch.cuda.synchronize()  # raises on a device fault
     _check(x, out, final_state, Sample(seqs=tuple(range(good))))
+
+
+SEGMENT_CASES = [
+    Case("fixed_T1000_B2_H2_fp32", heads=2, seqlen=1000, batch=2, state="fp32"),
+    Case("fixed_T777_B1_H3_bf16", heads=3, seqlen=777, state="bf16"),
+    Case("fixed_T512_B2_H2_nostate", heads=2, seqlen=512, batch=2),
+    Case("fixed_T600_B1_H2_fp32_final_only", heads=2, seqlen=600, state="fp32", with_initial=False),
+    Case("varlen_mix_H2_fp32", heads=2, seq_lens=(300, 0, 1, 17, 700, 0), state="fp32"),
+]
+
+
+@pytest.mark.parametrize("segments", [2, 3, 8])
+@pytest.mark.parametrize("case", SEGMENT_CASES, ids=lambda c: c.name)
+def test_segment_parallel_path(monkeypatch, case, segments):
+    monkeypatch.setenv("FLASH_KDA_SM90_SEGMENTS", str(segments))
+    x = make_inputs(case)
+    out, final_state = run_fwd(x)
+    assert all_finite(out), f"{case.name}: an element of out was not written"
+    if final_state is not None:
+        assert all_finite(final_state), f"{case.name}: an element of final_state was not written"
+    _check(x, out, final_state)
+
+
+def test_segment_parallel_in_place_state(monkeypatch):
+    import torch
+
+    monkeypatch.setenv("FLASH_KDA_SM90_SEGMENTS", "4")
+    x = make_inputs(Case("fixed_T900_B2_H2_fp32_inplace", heads=2, seqlen=900, batch=2, state="fp32"))
+    state = x.initial_state.clone()
+    out, _ = new_outputs(x)
+    call_fwd(x, out, state, initial_state=state)  # final_state is initial_state
+    torch.cuda.synchronize()
+    _check(x, out, state)
