@@ -36,8 +36,9 @@ std::vector<Named> all_tensors(const ForwardArgs& a) {
           {&a.initial_state, "initial_state"}, {&a.final_state, "final_state"}};
 }
 
-// The kernels store out with 16-byte vectors and states with 8-byte ones; one rule for every
-// tensor keeps the check simple (torch allocations are 256-byte aligned).
+// The kernels load q, k, v and g with 16-byte cp.async, store out with 16-byte vectors and
+// states with 8-byte ones; one rule for every tensor keeps the check simple (torch allocations
+// are 256-byte aligned).
 constexpr uintptr_t kSm90Alignment = 16;
 
 void check_placement(const ForwardArgs& a, Target target) {

@@ -4,7 +4,9 @@
 //
 // The products run on tensor cores in tf32 (fla's Triton kernels do the same: tl.dot of fp32
 // operands is tf32), with fp32 accumulation; the records are bf16 anyway. Phases:
-//   1. thread c owns key channel c: gate, cumulative decay G, and the decayed operands
+//   1. the chunk's q, k, v and g rows are staged in shared memory by 16-byte cp.async, all in
+//      flight at once (per-thread 2-byte global loads left the kernel latency-bound); then
+//      thread c owns key channel c: gate, cumulative decay G, and the decayed operands
 //      kd = k e^G, ki = k e^-G, qd = q e^G, qi = q e^-G (raw q and k: not yet normalised);
 //   2. Gram products kd ki^T (-> L), qd ki^T (-> M) and qd qi^T, whose diagonals are the
 //      squared norms ||k_t||^2 and ||q_t||^2: the L2 norms fold into row/column scales of the
@@ -15,6 +17,7 @@
 //   5. the record is assembled in shared memory and written with 16-byte stores.
 #include <cuda_bf16.h>
 
+#include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
 
 #include "common/gate.h"
@@ -31,8 +34,10 @@ constexpr int kThreads = kHeadDim;  // 4 warps
 constexpr int kPad = kHeadDim + 4;
 constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B fragments
 
-// Shared memory, 42.3 KB: 5 blocks per SM. The 16x16 matrices live where qi was (qi is only
-// read by the Gram products), and the record is assembled over kd, qd and v once phase 4 is done.
+// Shared memory, 42.3 KB: 5 blocks per SM. The raw rows of phase 1 are staged over kd, qd and v
+// (every thread reads its columns before any of them is written), the 16x16 matrices live where
+// qi was (qi is only read by the Gram products), and the record is assembled over kd, qd and v
+// once phase 4 is done.
 struct Smem {
   float kd[kChunk][kPad], qd[kChunk][kPad], v[kChunk][kPad], ki[kChunk][kPad];
   union {
@@ -49,6 +54,35 @@ struct Smem {
 };
 static_assert(sizeof(Smem::m) <= sizeof(Smem::qi), "16x16 matrices must fit over qi");
 static_assert(3 * sizeof(Smem::kd) >= kRecordBytes, "the record is assembled over kd, qd and v");
+
+// The chunk's input rows as they are in global memory: 16-20 KB.
+struct Staging {
+  __nv_bfloat16 q[kChunk][kHeadDim], k[kChunk][kHeadDim], v[kChunk][kHeadDim];
+  union {
+    __nv_bfloat16 g16[kChunk][kHeadDim];
+    float g32[kChunk][kHeadDim];  // g_is_f32
+  };
+};
+static_assert(3 * sizeof(Smem::kd) >= sizeof(Staging), "the inputs are staged over kd, qd and v");
+
+// Issues the cp.async of the chunk's rows of one tensor (row of token tok: (tok * heads + head)
+// * kRowBytes bytes from src), kRowBytes / 128 per thread. Rows past the sequence end are
+// zero-filled (src-size 0, nothing read); their address is clamped to the last valid row all
+// the same, so no address outside the tensor is ever formed.
+template <int kRowBytes>
+__device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t0, int valid, int64_t heads,
+                                           int64_t head, int c) {
+  using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
+  constexpr int kPieces = kRowBytes / 16;
+  static_assert(kChunk * kPieces % kThreads == 0, "every thread issues the same number of copies");
+#pragma unroll
+  for (int n = 0; n < kChunk * kPieces / kThreads; ++n) {
+    const int i = c + n * kThreads, t = i / kPieces, j = i % kPieces;
+    const int64_t tok = t0 + (t < valid ? t : valid - 1);
+    const char* s = static_cast<const char*>(src) + (tok * heads + head) * kRowBytes + j * 16;
+    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(s), static_cast<cute::uint128_t*>(dst)[i], t < valid);
+  }
+}
 
 __device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32) {
   return is_f32 ? static_cast<const float*>(base)[i]
@@ -153,31 +187,47 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
   const int64_t t0 = seq_begin + chunk * kChunk;
   const int valid = static_cast<int>(seq_len - chunk * kChunk < kChunk ? seq_len - chunk * kChunk : kChunk);
 
-  // Phase 1. Tokens past the sequence end are zero (k = v = q = 0, b = 0, a = 0): they then
-  // leave U, S and the chunk decay untouched, so the recurrence needs no masks.
+  // Phase 1. Tokens past the sequence end are zero (k = v = q = 0, b = 0, a = 0; their staged
+  // rows are zero-filled, and may lie past the end of the tensors): they then leave U, S and the
+  // chunk decay untouched, so the recurrence needs no masks.
+  Staging& in = *reinterpret_cast<Staging*>(&sm.kd[0][0]);
+  stage_rows<kHeadDim * 2>(in.q, p.q, t0, valid, p.heads, h, c);
+  stage_rows<kHeadDim * 2>(in.k, p.k, t0, valid, p.heads, h, c);
+  stage_rows<kHeadDim * 2>(in.v, p.v, t0, valid, p.value_heads, hv, c);
+  if (p.g_is_f32)
+    stage_rows<kHeadDim * 4>(in.g32, p.g, t0, valid, p.value_heads, hv, c);
+  else
+    stage_rows<kHeadDim * 2>(in.g16, p.g, t0, valid, p.value_heads, hv, c);
+  cute::cp_async_fence();
+  // The remaining global loads go out while the copies are in flight.
+  const float a_log = p.A_log[hv], bias = p.dt_bias[hv * kHeadDim + c];
+  if (c < kChunk) {
+    sm.beta[c] = c < valid ? math::beta_sigmoid_fast(load_f(p.beta, (t0 + c) * p.value_heads + hv, p.beta_is_f32))
+                           : 0.f;
+  }
+  cute::cp_async_wait<0>();
+  // Also what orders the reads below after the wait: CuTe's cp.async asm has no memory clobber.
+  __syncthreads();
+
   float gC;
   {
     float q[kChunk], k[kChunk], v[kChunk], gr[kChunk];
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
-      q[t] = k[t] = v[t] = gr[t] = 0.f;
-      if (t < valid) {
-        const int64_t tok = t0 + t;
-        const int64_t qk = (tok * p.heads + h) * kHeadDim + c;
-        const int64_t vg = (tok * p.value_heads + hv) * kHeadDim + c;
-        q[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.q)[qk]);
-        k[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.k)[qk]);
-        v[t] = __bfloat162float(static_cast<const __nv_bfloat16*>(p.v)[vg]);
-        gr[t] = load_f(p.g, vg, p.g_is_f32);
-      }
+      q[t] = __bfloat162float(in.q[t][c]);
+      k[t] = __bfloat162float(in.k[t][c]);
+      v[t] = __bfloat162float(in.v[t][c]);
     }
-    if (c < kChunk) {
-      sm.beta[c] = c < valid ? math::beta_sigmoid_fast(load_f(p.beta, (t0 + c) * p.value_heads + hv, p.beta_is_f32))
-                             : 0.f;
+    if (p.g_is_f32) {
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) gr[t] = in.g32[t][c];
+    } else {
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) gr[t] = __bfloat162float(in.g16[t][c]);
     }
+    __syncthreads();  // the staged rows are dead: kd, qd and v take their place
     // With the safe gate G >= 16 * lower_bound >= -80, so exp(+-G) stays inside fp32's range.
-    const float decay_rate = __expf(p.A_log[hv]);
-    const float bias = p.dt_bias[hv * kHeadDim + c];
+    const float decay_rate = __expf(a_log);
     float G = 0.f;
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
