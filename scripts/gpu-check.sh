@@ -141,6 +141,8 @@ if ((HAVE_BENCH)); then
   # The benchmark alone on the GPU: its timings and fla's autotune choices must be uncontended.
   # shellcheck disable=SC2086
   run_step bench 300 "$PY" -m flash_kda.bench --out-dir "$LOG/bench" ${GPU_CHECK_BENCH_ARGS:-}
+  # The consumer path: fla's KimiDeltaAttention layer, Triton vs dispatched to flash_kda.
+  run_step bench-layer 120 "$PY" -m flash_kda.bench --layer --out-dir "$LOG/layer"
 else
   skip_step bench "GPU_CHECK_SKIP_BENCH=1 or flash_kda.bench is not installed"
 fi
@@ -194,6 +196,9 @@ def note(step):
     if step == "sanitize":
         return "; ".join(l.split(": ", 1)[1].split(" (")[0] for l in text.splitlines()
                          if re.match(r"sanitize: (memcheck|racecheck): ", l)) or (text.strip().splitlines() or [""])[-1][:110]
+    if step == "bench-layer":
+        lines = [l.strip() for l in text.splitlines() if re.search(r"rel|diff|layer", l, re.I)]
+        return (lines or [""])[-1][:110]
     if step == "bench":
         lines = [l.strip() for l in text.splitlines() if l.strip()]
         head = [l for l in lines if re.search(r"geo|geomean|headline", l, re.I)]

@@ -54,3 +54,18 @@ def test_bf16_state_against_fla(tmp_path):
     assert chk["fla_state_err"] > 1e-4  # bf16 rounding, not fp32's ~1e-7
     assert chk["state_err"] <= 1.5 * chk["fla_state_err"] and chk["passed"]
     assert rc == 0
+
+
+@pytest.mark.cuda_sm90
+def test_layer_mode_dispatches_and_agrees(tmp_path):
+    """--layer end to end: fla's KimiDeltaAttention both ways; the flash_kda run must really
+    dispatch to flash_kda.fwd and its output must agree with the Triton run within the bound."""
+    pytest.importorskip("fla.layers.kda")
+    rc = bench_main(["--layer", "--T", "512", "--batch", "2", "--iters", "3", "--warmup", "1",
+                     "--out-dir", str(tmp_path), "--no-plot"])
+    layer = json.loads((tmp_path / "results.json").read_text())["layer"]
+    assert "error" not in layer, layer.get("error")
+    assert layer["dispatched"], layer["dispatch_note"]
+    assert 0 < layer["rel_diff"] <= layer["rel_diff_bound"]
+    assert layer["triton_ms"] > 0 and layer["flash_kda_ms"] > 0
+    assert rc == 0

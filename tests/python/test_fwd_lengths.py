@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fwd_cases import (HEAD_DIM, Case, Inputs, Sample, all_finite, base_seed, call_fwd, make_inputs,
-                       new_outputs, random_lengths, reference, rel_err, run_fwd, sliced_outputs)
+from fwd_cases import (HEAD_DIM, Case, Inputs, Sample, all_finite, base_seed, call_fwd, check_against_reference,
+                       make_inputs, new_outputs, random_lengths, run_fwd)
 
 pytestmark = pytest.mark.cuda_sm90  # conftest.py skips these without an sm_90 GPU and CUDA build
 
@@ -21,20 +21,11 @@ BOUND = 1e-2
 
 
 def _check_against_reference(x: Inputs, out, final_state, sample: Sample = Sample()) -> None:
-    import torch
-
-    torch.cuda.synchronize()
     where = f"{x.case.name} (seed {base_seed()})"
     assert all_finite(out), f"{where}: out has NaN/Inf: some element was not written"
     if final_state is not None:
         assert all_finite(final_state), f"{where}: final_state has NaN/Inf: some element was not written"
-    ref_o, ref_s = reference(x, sample)
-    o, s = sliced_outputs(x, out, final_state, sample)
-    err_o = rel_err(o, ref_o)
-    assert err_o <= BOUND, f"{where}: out rel. error {err_o:.3e} > {BOUND}"
-    if s is not None:
-        err_s = rel_err(s, ref_s)
-        assert err_s <= BOUND, f"{where}: final_state rel. error {err_s:.3e} > {BOUND}"
+    check_against_reference(x, out, final_state, sample, BOUND)
 
 
 def _check_empty_sequences_pass_state(x: Inputs, final_state) -> None:

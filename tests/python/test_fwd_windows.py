@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import pytest
 
-from fwd_cases import Case, Sample, all_finite, base_seed, make_inputs, new_outputs, call_fwd, reference, rel_err, \
-    run_fwd, sliced_outputs
+from fwd_cases import Case, Sample, all_finite, call_fwd, check_against_reference, make_inputs, new_outputs, run_fwd
 
 pytestmark = pytest.mark.cuda_sm90
 
@@ -31,17 +30,7 @@ LENS = (40, 0, 1, 70, 0, 33)
 
 
 def _check(x, out, final_state, sample: Sample = Sample()) -> None:
-    import torch
-
-    torch.cuda.synchronize()
-    where = f"{x.case.name} (seed {base_seed()})"
-    ref_o, ref_s = reference(x, sample)
-    o, s = sliced_outputs(x, out, final_state, sample)
-    err_o = rel_err(o, ref_o)
-    assert err_o <= BOUND, f"{where}: out rel. error {err_o:.3e} > {BOUND}"
-    if s is not None:
-        err_s = rel_err(s, ref_s)
-        assert err_s <= BOUND, f"{where}: final_state rel. error {err_s:.3e} > {BOUND}"
+    check_against_reference(x, out, final_state, sample, BOUND)
 
 
 @pytest.mark.parametrize("window", [1, 3, 7])
