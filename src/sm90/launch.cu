@@ -64,12 +64,14 @@ Plan make_plan(const ProblemShape& p) {
   plan.records_bytes = size_t(plan.window_slots) * size_t(per_slot);
   plan.carry_bytes = plan.num_windows > 1 ? 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float) : 0;
 
-  // Chunks of the longest sequence: exact for fixed length, an upper bound for varlen.
+  // Chunks of the longest sequence: exact for fixed length, an upper bound for varlen (where
+  // the mean length decides whether segments pay: many short sequences must not take them).
   const int64_t max_chunks = (p.seqlen + kChunk - 1) / kChunk;
+  const int64_t mean_chunks = (p.batch * p.seqlen + kChunk - 1) / kChunk / std::max<int64_t>(p.num_seqs, 1);
   const int64_t pairs = std::max<int64_t>(p.num_seqs * p.value_heads, 1);
-  int64_t segs = segments_override();
-  if (segs == 0) {
-    segs = std::min(kWaveSMs / pairs, max_chunks / kMinSegChunks);
+  int64_t segs = std::min(segments_override(), max_chunks);  // a forced count, capped
+  if (segs <= 0) {
+    segs = std::min(kWaveSMs / pairs, mean_chunks / kMinSegChunks);
     if (segs < kMinSegments) segs = 1;
   }
   if (plan.num_windows == 1 && segs > 1 && max_chunks > 1) {
