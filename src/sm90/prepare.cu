@@ -51,6 +51,7 @@ struct Smem {
     } m;
   };
   float beta[kChunk];
+  float rk[kChunk], rq[kChunk];  // 1 / ||k_t|| and 1 / ||q_t|| (eps inside the square root)
 };
 static_assert(sizeof(Smem::m) <= sizeof(Smem::qi), "16x16 matrices must fit over qi");
 static_assert(3 * sizeof(Smem::kd) >= kRecordBytes, "the record is assembled over kd, qd and v");
@@ -232,14 +233,14 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
       if (t < valid) G += math::safe_gate_fast(gr[t] + bias, decay_rate, p.lower_bound);
-      const float e = __expf(G), ei = __expf(-G);
+      const float e = math::exp_fast(G), ei = math::exp_fast(-G);
       sm.kd[t][c] = to_tf32(k[t] * e);
       sm.ki[t][c] = to_tf32(k[t] * ei);
       sm.qd[t][c] = to_tf32(q[t] * e);
       sm.qi[t][c] = to_tf32(q[t] * ei);
       sm.v[t][c] = v[t];  // bf16 values are exact in tf32
     }
-    gC = __expf(G);
+    gC = math::exp_fast(G);
   }
   __syncthreads();
 
@@ -247,6 +248,14 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
   float acc[2][4];
   if (warp < 3) gram(warp == 0 ? sm.kd : sm.qd, warp == 2 ? sm.qi : sm.ki, g, t4, acc);
   __syncthreads();  // qi is dead: the 16x16 matrices take its place
+  const float eps = float(math::kL2NormEps);
+  if ((warp == 0 || warp == 2) && t4 == g / 2) {
+    // The Gram diagonals hold the squared norms: (g, g) in n-tile 0, (g+8, g+8) in n-tile 1.
+    float* r = warp == 0 ? sm.rk : sm.rq;
+    const bool odd = g % 2;  // selects, not a runtime index: acc must stay in registers
+    r[g] = rsqrtf((odd ? acc[0][1] : acc[0][0]) + eps);
+    r[g + 8] = rsqrtf((odd ? acc[1][3] : acc[1][2]) + eps);
+  }
   if (warp < 3) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -261,12 +270,10 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
 
   // Phase 3: normalise. L = strictly_lower(diag(b) kn kn^T) and -M = -lower_incl(scale qn kn^T),
   // with kn = k / ||k||, qn = q / ||q|| (eps inside the square root).
-  const float eps = float(math::kL2NormEps);
 #pragma unroll
   for (int e = c; e < kChunk * kChunk; e += kThreads) {
     const int i = e / kChunk, j = e % kChunk;
-    const float rki = rsqrtf(sm.m.gram[0][i][i] + eps), rkj = rsqrtf(sm.m.gram[0][j][j] + eps);
-    const float rqi = rsqrtf(sm.m.gram[2][i][i] + eps);
+    const float rki = sm.rk[i], rkj = sm.rk[j], rqi = sm.rq[i];
     sm.m.L[i][j] = j < i ? sm.beta[i] * sm.m.gram[0][i][j] * rki * rkj : 0.f;
     sm.m.Mn[i][j] = j <= i ? to_tf32(-p.scale * sm.m.gram[1][i][j] * rqi * rkj) : 0.f;
   }
@@ -281,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
     for (int m = 0; m < kChunk; ++m)
 #pragma unroll
       for (int i = m + 1; i < kChunk; ++i) x[i] -= sm.m.L[i][m] * x[m];
-    const float bj = sm.beta[j], rkj = rsqrtf(sm.m.gram[0][j][j] + eps);
+    const float bj = sm.beta[j], rkj = sm.rk[j];
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
       sm.m.Ak[i][j] = to_tf32(x[i] * bj * rkj);
@@ -302,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const int t = 8 * nt + 2 * t4 + x;
-      rq[nt][x] = p.scale * rsqrtf(sm.m.gram[2][t][t] + eps);
+      rq[nt][x] = p.scale * sm.rq[t];
     }
   float W[2][2][4], U[2][2][4], Qe[2][2][4], O[2][2][4];
 #pragma unroll
@@ -358,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
   }
 #pragma unroll
   for (int t = 0; t < kChunk; ++t)  // kr = ki e^{G_C} / ||k|| (ki lies past the record)
-    sKr[t * kHeadDim + c] = __float2bfloat16(sm.ki[t][c] * gC * rsqrtf(sm.m.gram[0][t][t] + eps));
+    sKr[t * kHeadDim + c] = __float2bfloat16(sm.ki[t][c] * gC * sm.rk[t]);
   reinterpret_cast<float*>(st + kRecGC)[c] = gC;
   __syncthreads();
 
