@@ -142,10 +142,27 @@ def test_markdown_has_meta_table_and_anchor_note(tmp_path):
                      "- flash_kda: 0.1.0", "- date: 2026-11-30 10:00 UTC", "NOT from this run",
                      "![time per case](chart.png)", f"- {report.CHECK_NOTE}", f"- {report.L2_NOTE}"):
         assert fragment in md, fragment
-    table = [line for line in md.splitlines() if line.startswith("|")]
+    timing, accuracy = md.split("## Accuracy against the fp64 reference")
+    table = [line for line in timing.splitlines() if line.startswith("|")]
     assert len(table) == 2 + 2  # header, rule, two cases
     assert table[0].count("|") == len(report.COLUMNS) + 1
     assert table[2].startswith("| h96_fixed_8192 | 8192 | 96 | 1 | 0.500 |")
+    acc = [line for line in accuracy.splitlines() if line.startswith("|")]
+    assert len(acc) == 2 + 2
+    assert acc[0] == "| case | flash_kda out | flash_kda state | fla out | fla state |"
+    assert "- settings: " in md and ", states " in md
+
+
+def test_accuracy_section_values():
+    r = fake_results()
+    r["cases"][0]["check"].update(out_err=1.9e-3, out_err_worst_head=2.5e-3, state_err=2.4e-3,
+                                  state_err_worst_head=3e-3, fla_out_err=4.1e-3, fla_state_err=2.8e-3)
+    lines = report.accuracy_section(r)
+    row = next(line for line in lines if line.startswith("| h96_fixed_8192 |"))
+    assert row == "| h96_fixed_8192 | 1.9e-03 (2.5e-03) | 2.4e-03 (3.0e-03) | 4.1e-03 | 2.8e-03 |"
+    for c in r["cases"]:
+        c["check"] = None
+    assert report.accuracy_section(r) == []
 
 
 def test_layer_only_report():

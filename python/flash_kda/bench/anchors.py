@@ -9,7 +9,7 @@ These numbers were NOT measured by this run; they are constants kept for compari
 from __future__ import annotations
 
 #: Where the anchor constants come from (printed in every report).
-ANCHOR_SOURCE = "anchors-h200.md (H200, measured 2026-11-29; not this run)"
+ANCHOR_SOURCE = "docs/anchors-h200.md (H200, measured 2026-11-29; not this run)"
 
 #: Device-to-device copy bandwidth (read + write) the anchors' HBM floors used, bytes/s.
 ANCHOR_COPY_BANDWIDTH = 4.27e12

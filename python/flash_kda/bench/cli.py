@@ -11,6 +11,8 @@ from . import cases as cases_mod
 RECORD_NAME = "BENCHMARK_H200.md"
 #: Its chart, written beside it.
 RECORD_CHART = "BENCHMARK_H200.png"
+#: The run's results.json, kept beside it (--from-json re-renders it).
+RECORD_JSON = "BENCHMARK_H200.json"
 
 
 def parse_seqlens(text: str) -> list[int]:
@@ -68,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--state", choices=sorted(cases_mod.STATE_BYTES), default=cases_mod.DEFAULT_STATE,
                        help="initial/final state dtype (default fp32, as the anchors)")
     run = p.add_argument_group("measurement")
-    run.add_argument("--iters", type=_positive_int, default=100, help="timed calls per implementation and mode")
-    run.add_argument("--warmup", type=_positive_int, default=10, help="untimed calls before timing")
+    run.add_argument("--iters", type=_positive_int, default=100, help="timed calls per implementation and mode (default 100)")
+    run.add_argument("--warmup", type=_positive_int, default=10, help="untimed calls before timing (default 10)")
     run.add_argument("--seed", type=int, default=0, help="torch RNG seed for the inputs")
     run.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention even if installed")
     run.add_argument("--no-check", action="store_true", help="skip the correctness checks")
@@ -81,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="folder for results.json, results.md and chart.png (default ./bench-out)")
     out.add_argument("--markdown", type=Path, default=None, help="also write the Markdown report to PATH")
     out.add_argument("--write-record", action="store_true",
-                     help=f"also write {RECORD_NAME} at the repository root (the committed record)")
+                     help=f"also write {RECORD_NAME}, {RECORD_CHART} and {RECORD_JSON} (the committed record) at the "
+                     "root of the checkout flash_kda runs from (an editable install), else in the current folder")
     out.add_argument("--no-plot", action="store_true", help="do not draw chart.png")
     out.add_argument("--from-json", type=Path, default=None, metavar="RESULTS_JSON",
                      help="run nothing: re-render the outputs (table, Markdown, chart, --write-record) "

@@ -128,5 +128,6 @@ def write_outputs(results: dict, args) -> None:
         root = cli.repo_root()
         record_chart = chart_at(root / cli.RECORD_CHART)
         report.write_markdown(results, root / cli.RECORD_NAME, cli.RECORD_CHART if record_chart else None)
-        written.append(root / cli.RECORD_NAME)
+        report.write_json(results, root / cli.RECORD_JSON)
+        written += [root / cli.RECORD_NAME, root / cli.RECORD_JSON]
     print("[flash_kda.bench] wrote " + ", ".join(str(p) for p in written), file=sys.stderr)

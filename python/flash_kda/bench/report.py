@@ -186,7 +186,9 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
             md.append(f"- {key}: {m[key]}")
     s = results.get("settings", {})
     if s:
-        md.append(f"- settings: {s.get('iters')} timed calls after {s.get('warmup')} warm-up, seed {s.get('seed')}")
+        states = sorted({r["case"].get("state", "?") for r in results.get("cases", [])})
+        md.append(f"- settings: {s.get('iters')} timed calls after {s.get('warmup')} warm-up, seed {s.get('seed')}"
+                  + (f", states {'/'.join(states)}" if states else ""))
     if results.get("cases"):
         md.append(f"- device-to-device copy bandwidth (this run): {results['copy_bandwidth'] / 1e12:.2f} TB/s")
         md += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|"]
@@ -199,11 +201,35 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
             md += [f"- {g}"]
         md += [f"- {line}" for line in notes(results)]
         md += [f"- {line}" for line in _error_lines(results)]
+        md += accuracy_section(results)
     if "layer" in results:
         md += ["", "## KimiDeltaAttention layer", "", format_layer(results["layer"])]
     if chart:
         md += ["", f"![time per case]({chart})"]
     return "\n".join(md) + "\n"
+
+
+def _err(chk: dict, key: str) -> str:
+    v = chk.get(key)
+    return "" if v is None else f"{v:.1e}"
+
+
+def accuracy_section(results: dict) -> list[str]:
+    """Markdown lines: per case, flash_kda's and fla's relative Frobenius errors against the fp64
+    reference (all heads; worst head for ours), from each case's check; empty without checks."""
+    checked = [r for r in results.get("cases", []) if r.get("check")]
+    if not checked:
+        return []
+    md = ["", "## Accuracy against the fp64 reference", "",
+          "Relative Frobenius error over all heads (worst single head in brackets) of out and "
+          "final_state; fla's on the same inputs (its fp32 state rounded to the case's state dtype).", "",
+          "| case | flash_kda out | flash_kda state | fla out | fla state |", "|---|---:|---:|---:|---:|"]
+    for r in checked:
+        c = r["check"]
+        ours_o = f"{_err(c, 'out_err')} ({_err(c, 'out_err_worst_head')})" if c.get("out_err") is not None else ""
+        ours_s = f"{_err(c, 'state_err')} ({_err(c, 'state_err_worst_head')})" if c.get("state_err") is not None else ""
+        md.append(f"| {r['case']['name']} | {ours_o} | {ours_s} | {_err(c, 'fla_out_err')} | {_err(c, 'fla_state_err')} |")
+    return md
 
 
 def write_json(results: dict, path: Path) -> None:
