@@ -376,17 +376,26 @@ def pin_fla_configs() -> int:
         return 0
     with open(FLA_CONFIGS) as f:
         configs = json.load(f)["kernels"]
-    pinned = 0
+    def autotuner(obj):  # @triton.heuristics wraps many of fla's autotuners: follow .fn
+        for _ in range(4):
+            if isinstance(obj, Autotuner):
+                return obj
+            obj = getattr(obj, "fn", None)
+        return None
+
+    pinned = set()
     for name, module in list(sys.modules.items()):
-        if not name.startswith("fla.ops") or module is None:
+        if not name.startswith("fla.") or module is None:  # fla.ops.* and fla.modules.* (l2norm)
             continue
         for obj in list(vars(module).values()):
-            if isinstance(obj, Autotuner) and obj.base_fn.__name__ in configs and len(obj.configs) > 1:
-                c = configs[obj.base_fn.__name__]
-                obj.configs = [triton.Config(c["kwargs"], num_warps=c["num_warps"], num_stages=c["num_stages"],
-                                             num_ctas=c.get("num_ctas", 1), maxnreg=c.get("maxnreg"))]
-                pinned += 1
-    return pinned
+            tuner = autotuner(obj)
+            if tuner is None or id(tuner) in pinned or tuner.base_fn.__name__ not in configs:
+                continue
+            c = configs[tuner.base_fn.__name__]
+            tuner.configs = [triton.Config(c["kwargs"], num_warps=c["num_warps"], num_stages=c["num_stages"],
+                                           num_ctas=c.get("num_ctas", 1), maxnreg=c.get("maxnreg"))]
+            pinned.add(id(tuner))
+    return len(pinned)
 
 
 def run_fla(x: Inputs):

@@ -26,10 +26,22 @@ def _fake_fla_module(monkeypatch, triton):
     def some_kernel_not_in_the_file(x, n, BK: tl.constexpr, BV: tl.constexpr):
         pass
 
+    # As fla writes most of its kernels: heuristics around the autotuner, and l2norm's kernel
+    # lives in fla.modules, not fla.ops.
+    @triton.heuristics({"USE_X": lambda args: args["x"] is not None})
+    @triton.autotune(configs=list(configs), key=["n"])
+    @triton.jit
+    def l2norm_fwd_kernel(x, n, BK: tl.constexpr, BV: tl.constexpr, USE_X: tl.constexpr):
+        pass
+
     mod = types.ModuleType("fla.ops.fake_for_pin_test")
     mod.chunk_gla_fwd_kernel_o = chunk_gla_fwd_kernel_o
     mod.some_kernel_not_in_the_file = some_kernel_not_in_the_file
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    mod2 = types.ModuleType("fla.modules.fake_for_pin_test")
+    mod2.l2norm_fwd_kernel = l2norm_fwd_kernel
+    monkeypatch.setitem(sys.modules, mod2.__name__, mod2)
+    mod.wrapped = l2norm_fwd_kernel
     fwd_cases.pin_fla_configs.cache_clear()
     return mod
 
@@ -40,10 +52,14 @@ def test_named_kernels_get_the_file_config(monkeypatch):
     mod = _fake_fla_module(monkeypatch, triton)
     with open(fwd_cases.FLA_CONFIGS) as f:
         want = json.load(f)["kernels"]["chunk_gla_fwd_kernel_o"]
-    assert fwd_cases.pin_fla_configs() >= 1
+    assert fwd_cases.pin_fla_configs() == 2  # the l2norm kernel is seen twice but pinned once
     (c,) = mod.chunk_gla_fwd_kernel_o.configs
     assert (c.kwargs, c.num_warps, c.num_stages) == (want["kwargs"], want["num_warps"], want["num_stages"])
     assert len(mod.some_kernel_not_in_the_file.configs) == 2
+    with open(fwd_cases.FLA_CONFIGS) as f:
+        want_l2 = json.load(f)["kernels"]["l2norm_fwd_kernel"]
+    (c,) = mod.wrapped.fn.configs  # the Autotuner inside the heuristics
+    assert (c.kwargs, c.num_warps) == (want_l2["kwargs"], want_l2["num_warps"])
 
 
 def test_autotune_env_leaves_fla_alone(monkeypatch):
