@@ -1,0 +1,81 @@
+// The launch plan of the sm_90a forward (plan.h): windows over chunk slots and the segment
+// split, from the problem's shape alone. Host code: unit-tested without a GPU
+// (tests/cpp/test_sm90_plan.cpp).
+#include "sm90/plan.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "sm90/params.h"
+
+namespace flash_kda::sm90 {
+namespace {
+
+// Chunk records take ~5x the bytes of q, so very long inputs are processed in windows of
+// chunk slots with a bounded workspace; the state of the one sequence that crosses a window
+// boundary is carried in fp32 (two buffers, alternating, so a window never reads the carry
+// it is writing). A window of 16 slots still has 16 x HV blocks of stage 1, so the minimum
+// only matters above HV = 6,000, where the budget yields to it.
+constexpr size_t kRecordBudget = size_t(2) << 30;
+constexpr int64_t kMinWindowSlots = 16;
+
+// Segment-parallel mode (RecurrenceParams): few (sequence, head) pairs with long sequences
+// leave most SMs idle on one long chain. Cutting each sequence into S segments costs 3x the
+// state-passing work (P and Q of each segment, then the segments again from their true start
+// states) plus an S-step scan, but the chain shrinks from C chunks to ~2C/S + S scan steps.
+// S is chosen so that (sequences x heads x S) blocks fill one wave of an H100/H200's 132 SMs,
+// with segments of at least 32 chunks, and only when that gives S >= 8. The plan depends on the
+// shape alone (the workspace size must), hence the fixed SM count.
+// FLASH_KDA_SM90_SEGMENTS=S (S >= 1) forces S segments per sequence (1: off); tests use it.
+constexpr int64_t kWaveSMs = 132;
+constexpr int64_t kMinSegChunks = 32;
+constexpr int64_t kMinSegments = 8;
+
+int64_t segments_override() {
+  const char* env = std::getenv("FLASH_KDA_SM90_SEGMENTS");
+  const long long s = env ? std::atoll(env) : 0;
+  return s > 0 ? s : 0;
+}
+
+// FLASH_KDA_SM90_WINDOW_SLOTS=n (n >= 1) forces the window size: a test knob that makes small
+// problems cross several windows (tests/python/test_fwd_windows.py).
+int64_t window_override() {
+  const char* env = std::getenv("FLASH_KDA_SM90_WINDOW_SLOTS");
+  const long long w = env ? std::atoll(env) : 0;
+  return w > 0 ? w : 0;
+}
+
+}  // namespace
+
+Plan make_plan(const ProblemShape& p) {
+  Plan plan;
+  plan.total_slots = p.num_seqs + (p.batch * p.seqlen + kChunk - 1) / kChunk;
+  const int64_t per_slot = p.value_heads * int64_t(kRecordBytes);
+  const int64_t forced = window_override();
+  plan.window_slots = forced > 0 ? forced : std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget) / per_slot);
+  plan.window_slots = std::max<int64_t>(std::min(plan.window_slots, plan.total_slots), 1);
+  plan.num_windows = (plan.total_slots + plan.window_slots - 1) / plan.window_slots;
+  plan.records_bytes = size_t(plan.window_slots) * size_t(per_slot);
+  plan.carry_bytes = plan.num_windows > 1 ? 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float) : 0;
+
+  // Chunks of the longest sequence: exact for fixed length, an upper bound for varlen (where
+  // the mean length decides whether segments pay: many short sequences must not take them).
+  const int64_t max_chunks = (p.seqlen + kChunk - 1) / kChunk;
+  const int64_t mean_chunks = (p.batch * p.seqlen + kChunk - 1) / kChunk / std::max<int64_t>(p.num_seqs, 1);
+  const int64_t pairs = std::max<int64_t>(p.num_seqs * p.value_heads, 1);
+  int64_t segs = std::min(segments_override(), max_chunks);  // a forced count, capped
+  if (segs <= 0) {
+    segs = std::min(kWaveSMs / pairs, mean_chunks / kMinSegChunks);
+    if (segs < kMinSegments) segs = 1;
+  }
+  if (plan.num_windows == 1 && segs > 1 && max_chunks > 1) {
+    plan.seg_len = (max_chunks + segs - 1) / segs;
+    plan.max_segs = (max_chunks + plan.seg_len - 1) / plan.seg_len;
+    const size_t per_seg = size_t(p.num_seqs) * size_t(p.value_heads) * size_t(kStateBytes);
+    plan.seg_maps_bytes = 2 * per_seg * size_t(plan.max_segs - 1);
+    plan.seg_states_bytes = per_seg * size_t(plan.max_segs);
+  }
+  return plan;
+}
+
+}  // namespace flash_kda::sm90

@@ -1,0 +1,116 @@
+// The sm_90a launch plan (src/sm90/plan.h) on the host: windows, segments and workspace parts
+// for the benchmark's shapes and the edge cases, and the test knobs. No GPU needed.
+#if defined(FLASH_KDA_WITH_CUDA)
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "sm90/params.h"
+#include "sm90/plan.h"
+
+namespace {
+
+using flash_kda::ProblemShape;
+using flash_kda::sm90::kStateBytes;
+using flash_kda::sm90::make_plan;
+using flash_kda::sm90::Plan;
+
+ProblemShape shape(int64_t batch, int64_t T, int64_t heads, int64_t num_seqs = -1) {
+  ProblemShape p;
+  p.batch = batch;
+  p.seqlen = T;
+  p.num_seqs = num_seqs < 0 ? batch : num_seqs;
+  p.varlen = num_seqs >= 0;
+  p.heads = p.value_heads = heads;
+  p.head_dim_k = p.head_dim_v = 128;
+  p.scale = 0.088;
+  return p;
+}
+
+// Each test starts and ends without the knobs (ctest runs every test in its own process).
+struct Sm90Plan : ::testing::Test {
+  void SetUp() override {
+    unsetenv("FLASH_KDA_SM90_SEGMENTS");
+    unsetenv("FLASH_KDA_SM90_WINDOW_SLOTS");
+  }
+  void TearDown() override { SetUp(); }
+};
+
+TEST_F(Sm90Plan, FewHeadsLongSequencesTakeSegments) {
+  const Plan h4 = make_plan(shape(1, 65536, 4));
+  EXPECT_EQ(h4.num_windows, 1);
+  EXPECT_EQ(h4.max_segs, 33);  // 132 SMs / 4 (sequence, head) pairs
+  EXPECT_EQ(h4.seg_len, 125);  // ceil(4096 chunks / 33)
+  EXPECT_EQ(h4.seg_maps_bytes, size_t(2) * 32 * 4 * kStateBytes);
+  EXPECT_EQ(h4.seg_states_bytes, size_t(33) * 4 * kStateBytes);
+  const Plan h8 = make_plan(shape(1, 32768, 8));
+  EXPECT_EQ(h8.max_segs, 16);
+  EXPECT_EQ(h8.seg_len, 128);
+  const Plan h16 = make_plan(shape(1, 8192, 16));
+  EXPECT_EQ(h16.max_segs, 8);
+  EXPECT_EQ(h16.seg_len, 64);
+}
+
+TEST_F(Sm90Plan, WideOrShortProblemsDoNot) {
+  for (const ProblemShape& p : {shape(1, 8192, 32), shape(1, 8192, 96), shape(1, 1024, 4), shape(1, 512, 96),
+                                shape(16, 2048, 32), shape(1, 8192, 96, 6)}) {
+    const Plan plan = make_plan(p);
+    EXPECT_EQ(plan.seg_len, 0) << p.num_seqs << " x " << p.seqlen << " x " << p.value_heads;
+    EXPECT_EQ(plan.seg_maps_bytes + plan.seg_states_bytes, 0u);
+  }
+  // Varlen: 16 sequences of 512 tokens with one head are short on average, whatever T_total.
+  EXPECT_EQ(make_plan(shape(1, 16 * 512, 1, 16)).seg_len, 0);
+}
+
+TEST_F(Sm90Plan, VarlenSegmentsBoundTheLongestSequence) {
+  // 2 sequences (30000 + 2000 tokens) x 4 heads: T_total bounds every sequence's chunks.
+  const Plan plan = make_plan(shape(1, 32000, 4, 2));
+  ASSERT_GT(plan.seg_len, 0);
+  EXPECT_GE(plan.seg_len * plan.max_segs, (32000 + 15) / 16);
+}
+
+TEST_F(Sm90Plan, ForcedSegmentsAreCappedAndOneTurnsThemOff) {
+  setenv("FLASH_KDA_SM90_SEGMENTS", "1000000", 1);
+  const Plan capped = make_plan(shape(1, 100, 2));  // 7 chunks
+  EXPECT_EQ(capped.seg_len, 1);
+  EXPECT_EQ(capped.max_segs, 7);
+  setenv("FLASH_KDA_SM90_SEGMENTS", "1", 1);
+  EXPECT_EQ(make_plan(shape(1, 65536, 4)).seg_len, 0);
+  setenv("FLASH_KDA_SM90_SEGMENTS", "3", 1);
+  const Plan three = make_plan(shape(2, 1000, 2));  // 63 chunks per sequence
+  EXPECT_EQ(three.seg_len, 21);
+  EXPECT_EQ(three.max_segs, 3);
+  EXPECT_EQ(make_plan(shape(2, 0, 2)).seg_len, 0);  // nothing to cut
+}
+
+TEST_F(Sm90Plan, SegmentsNeedOneWindow) {
+  setenv("FLASH_KDA_SM90_WINDOW_SLOTS", "3", 1);
+  setenv("FLASH_KDA_SM90_SEGMENTS", "4", 1);
+  const Plan plan = make_plan(shape(1, 1000, 2));
+  EXPECT_GT(plan.num_windows, 1);
+  EXPECT_EQ(plan.seg_len, 0);
+  EXPECT_GT(plan.carry_bytes, 0u);
+}
+
+TEST_F(Sm90Plan, WindowsCoverEverySlot) {
+  for (int64_t forced : {1, 3, 7, 64}) {
+    setenv("FLASH_KDA_SM90_WINDOW_SLOTS", std::to_string(forced).c_str(), 1);
+    const ProblemShape p = shape(1, 5000, 3, 7);
+    const Plan plan = make_plan(p);
+    EXPECT_EQ(plan.total_slots, 7 + (5000 + 15) / 16);
+    EXPECT_EQ(plan.window_slots, forced);
+    EXPECT_GE(plan.window_slots * plan.num_windows, plan.total_slots);
+    EXPECT_LT(plan.window_slots * (plan.num_windows - 1), plan.total_slots);
+    EXPECT_EQ(plan.records_bytes, size_t(forced) * 3 * flash_kda::sm90::kRecordBytes);
+  }
+}
+
+TEST_F(Sm90Plan, RecordBudgetHoldsForManyHeads) {
+  // 1M tokens x 96 heads: windows keep the records near 2 GiB.
+  const Plan plan = make_plan(shape(1, (int64_t(1) << 20) + 3, 96, 64));
+  EXPECT_GT(plan.num_windows, 1);
+  EXPECT_LE(plan.records_bytes, size_t(2) << 30);
+}
+
+}  // namespace
+#endif  // FLASH_KDA_WITH_CUDA
