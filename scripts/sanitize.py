@@ -82,38 +82,31 @@ def run_cases() -> int:
             failures += not ok
             print(f"sanitize: {case.name} ({how}): {'ok' if ok else 'WRONG'} rel. errors "
                   + ", ".join(f"{e:.2e}" for e in errs), flush=True)
-    # Windows of 3 chunk slots (sequences crossing several windows, carried state) at every
-    # recurrence block width; then cu_seqlens values past the end (clamped on the device).
-    for warps in ("1", "2", "4", "8"):
-        os.environ.update(FLASH_KDA_SM90_WINDOW_SLOTS="3", FLASH_KDA_SM90_WARPS=warps)
-        x = make_inputs(Case(f"san_window3_warps{warps}_fp32", heads=2, seq_lens=(40, 0, 1, 37), state="fp32"))
+    # Launch paths behind the knobs: windows of 3 chunk slots (sequences crossing several
+    # windows, carried state) at every recurrence block width, and the segment-parallel path
+    # (3 segments, varlen with empty and 1-token sequences, both state dtypes).
+    knob_cases = [({"FLASH_KDA_SM90_WINDOW_SLOTS": "3", "FLASH_KDA_SM90_WARPS": w},
+                   Case(f"san_window3_warps{w}_fp32", heads=2, seq_lens=(40, 0, 1, 37), state="fp32"))
+                  for w in ("1", "2", "4", "8")]
+    knob_cases += [({"FLASH_KDA_SM90_SEGMENTS": "3"},
+                    Case(f"san_segments3_{st}", heads=2, seq_lens=(70, 0, 1, 40), state=st))
+                   for st in ("fp32", "bf16")]
+    for knobs, case in knob_cases:
+        os.environ.update(knobs)
+        x = make_inputs(case)
         out, final_state = new_outputs(x)
         call_fwd(x, out, final_state)
         torch.cuda.synchronize()
+        for name in knobs:
+            os.environ.pop(name)
         ref_o, ref_s = reference(x)
         o, s = sliced_outputs(x, out, final_state)
         errs = [rel_err(o, ref_o), rel_err(s, ref_s)]
         ok = all(e <= 1e-2 for e in errs)
         failures += not ok
-        print(f"sanitize: {x.case.name}: {'ok' if ok else 'WRONG'} rel. errors "
+        print(f"sanitize: {case.name}: {'ok' if ok else 'WRONG'} rel. errors "
               + ", ".join(f"{e:.2e}" for e in errs), flush=True)
-    for name in ("FLASH_KDA_SM90_WINDOW_SLOTS", "FLASH_KDA_SM90_WARPS"):
-        os.environ.pop(name)
-    # The segment-parallel path: 3 segments, varlen with empty and 1-token sequences.
-    os.environ["FLASH_KDA_SM90_SEGMENTS"] = "3"
-    for state in ("fp32", "bf16"):
-        x = make_inputs(Case(f"san_segments3_{state}", heads=2, seq_lens=(70, 0, 1, 40), state=state))
-        out, final_state = new_outputs(x)
-        call_fwd(x, out, final_state)
-        torch.cuda.synchronize()
-        ref_o, ref_s = reference(x)
-        o, s = sliced_outputs(x, out, final_state)
-        errs = [rel_err(o, ref_o), rel_err(s, ref_s)]
-        ok = all(e <= 1e-2 for e in errs)
-        failures += not ok
-        print(f"sanitize: {x.case.name}: {'ok' if ok else 'WRONG'} rel. errors "
-              + ", ".join(f"{e:.2e}" for e in errs), flush=True)
-    os.environ.pop("FLASH_KDA_SM90_SEGMENTS")
+    # cu_seqlens values past the end (clamped on the device: no fault, results not checked).
     x = make_inputs(Case("san_bad_cu_seqlens_fp32", heads=2, seq_lens=(20, 30, 10), state="fp32"))
     x.cu_seqlens = torch.tensor([0, 20, 1 << 40, 3], dtype=torch.int64, device=x.v.device)
     out, final_state = new_outputs(x, fill=0.0)
