@@ -14,7 +14,7 @@ NCU=${NCU:-ncu}
 rep=$(mktemp -d)/fwd
 # The last of the calls is profiled (warm caches, no first-launch setup).
 "$NCU" --clock-control none --set full --import-source yes --launch-skip 2 --launch-count 2 \
-  --kernel-name regex:'prepare_kernel|recurrence_kernel' -o "$rep" -f \
+  --kernel-name regex:'prepare_kernel|recurrence_kernel|segment_scan_kernel' -o "$rep" -f \
   "$PY" scripts/profile_case.py --calls 2 "$@" >"$dest/ncu.log" 2>&1 || { tail -20 "$dest/ncu.log"; exit 1; }
 "$NCU" -i "$rep.ncu-rep" --page details --section WarpStateStats --section SourceCounters \
   --section SpeedOfLight --section Occupancy --section LaunchStats >"$dest/details.txt" 2>&1
