@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A/B timing of two revisions of flash_kda in one GPU session: builds each revision's package
+# into its own folder and runs `python -m flash_kda.bench` (flash_kda only: no fla, no check,
+# same seed, so the same inputs) under each, then prints both tables. For "before a change,
+# write down what it should move; after, check" without two device calls.
+#   scripts/ab-bench.sh REV_A REV_B [bench args, e.g. --cases h4_fixed_1024,h32_fixed_8192]
+# REV_A/REV_B: a source folder (e.g. an exported checkout carried to a machine without .git),
+# or anything `git worktree add` accepts (a branch, a commit, HEAD). Needs nvcc and
+# CUTLASS headers as for `pip install .` (CUTLASS_INCLUDE_DIR, default .cutlass/include).
+# Output: $OUT (or ./ab-out)/{A,B}/results.{json,md} and the two tables on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+(($# >= 2)) || { echo "usage: $0 REV_A REV_B [bench args]" >&2; exit 2; }
+A=$1 B=$2; shift 2
+dest=${OUT:-ab-out}
+export CUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR:-$PWD/.cutlass/include}
+export PIP_BREAK_SYSTEM_PACKAGES=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+tmp=$(mktemp -d)
+trap 'git worktree remove --force "$tmp/A" 2>/dev/null; git worktree remove --force "$tmp/B" 2>/dev/null; rm -rf "$tmp"' EXIT
+for side in A B; do
+  rev=${!side} src=$tmp/$side
+  if [[ -d $rev ]]; then src=$rev; else git worktree add -q --detach "$src" "$rev"; fi
+  python3 -m pip install -q --no-build-isolation --no-deps --target "$tmp/site-$side" "$src" \
+    >"$tmp/build-$side.log" 2>&1 || { tail -30 "$tmp/build-$side.log"; exit 1; }
+done
+status=0
+for side in A B; do
+  mkdir -p "$dest/$side"
+  echo "== $side: ${!side} ($(git rev-parse --short "${!side}" 2>/dev/null || echo folder))"
+  PYTHONPATH="$tmp/site-$side${PYTHONPATH:+:$PYTHONPATH}" python3 -m flash_kda.bench --no-fla --no-check \
+    --no-plot --out-dir "$dest/$side" "$@" || status=$?
+done
+exit "$status"
