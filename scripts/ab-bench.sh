@@ -11,7 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (($# >= 2)) || { echo "usage: $0 REV_A REV_B [bench args]" >&2; exit 2; }
-A=$1 B=$2; shift 2
+# shellcheck disable=SC2034  # A and B are read indirectly below, as ${!side}
+A=$1 B=$2
+shift 2
 dest=${OUT:-ab-out}
 export CUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR:-$PWD/.cutlass/include}
 export PIP_BREAK_SYSTEM_PACKAGES=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}

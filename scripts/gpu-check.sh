@@ -18,7 +18,8 @@
 #
 # Knobs (environment): GPU_CHECK_BUDGET_S (whole-run deadline, default 560), GPU_CHECK_SKIP_BUILD=1
 # (reuse the installed package and build-gpucheck/), GPU_CHECK_PYTEST_ARGS (extra pytest args),
-# GPU_CHECK_SKIP_BENCH=1, GPU_CHECK_SKIP_SANITIZE=1, GPU_CHECK_BENCH_ARGS (e.g. --write-record).
+# GPU_CHECK_SKIP_BENCH=1, GPU_CHECK_SKIP_SANITIZE=1, GPU_CHECK_SKIP_TESTS=1 (no pytest steps: a
+# benchmark-only call), GPU_CHECK_BENCH_ARGS (e.g. --write-record).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -126,9 +127,15 @@ if ((HAVE_BENCH && CARRIED_TUNING == 0)); then
   WARM_PID=$!
 fi
 # GPU tests in parallel (the CPU reference and Triton compiles are the slow part).
-# shellcheck disable=SC2086
-run_step pytest-gpu 300 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider "${XDIST[@]}" \
-  -m "not large_memory" --durations=10 --junitxml="$LOG/pytest-gpu.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+TESTS=1
+[[ ${GPU_CHECK_SKIP_TESTS:-0} == 1 ]] && TESTS=0
+if ((TESTS)); then
+  # shellcheck disable=SC2086
+  run_step pytest-gpu 300 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider "${XDIST[@]}" \
+    -m "not large_memory" --durations=10 --junitxml="$LOG/pytest-gpu.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+else
+  skip_step pytest-gpu "GPU_CHECK_SKIP_TESTS=1"
+fi
 if ((HAVE_BENCH)); then
   if ((CARRIED_TUNING == 0)); then
     wait "$WARM_PID"
@@ -146,13 +153,18 @@ if ((HAVE_BENCH)); then
 else
   skip_step bench "GPU_CHECK_SKIP_BENCH=1 or flash_kda.bench is not installed"
 fi
-# shellcheck disable=SC2086
-run_step pytest-rest 150 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider "${XDIST[@]}" \
-  --ignore-glob='*/test_fwd_*.py' --junitxml="$LOG/pytest-rest.xml" ${GPU_CHECK_PYTEST_ARGS:-}
-# The test that needs most of the GPU's memory, alone.
-# shellcheck disable=SC2086
-run_step pytest-gpu-large 120 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider \
-  -m large_memory --junitxml="$LOG/pytest-gpu-large.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+if ((TESTS)); then
+  # shellcheck disable=SC2086
+  run_step pytest-rest 150 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider "${XDIST[@]}" \
+    --ignore-glob='*/test_fwd_*.py' --junitxml="$LOG/pytest-rest.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+  # The test that needs most of the GPU's memory, alone.
+  # shellcheck disable=SC2086
+  run_step pytest-gpu-large 120 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider \
+    -m large_memory --junitxml="$LOG/pytest-gpu-large.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+else
+  skip_step pytest-rest "GPU_CHECK_SKIP_TESTS=1"
+  skip_step pytest-gpu-large "GPU_CHECK_SKIP_TESTS=1"
+fi
 
 # 4. Report: bring back a few files (the device tool returns at most 8), print the accuracy
 #    table, then the summary table last.
