@@ -61,7 +61,8 @@ Plan make_plan(const ProblemShape& p) {
   // Chunks of the longest sequence: exact for fixed length, an upper bound for varlen (where
   // the mean length decides whether segments pay: many short sequences must not take them).
   const int64_t max_chunks = (p.seqlen + kChunk - 1) / kChunk;
-  const int64_t mean_chunks = (p.batch * p.seqlen + kChunk - 1) / kChunk / std::max<int64_t>(p.num_seqs, 1);
+  const int64_t mean_chunks =
+      p.varlen ? (p.batch * p.seqlen + kChunk - 1) / kChunk / std::max<int64_t>(p.num_seqs, 1) : max_chunks;
   const int64_t pairs = std::max<int64_t>(p.num_seqs * p.value_heads, 1);
   int64_t segs = std::min(segments_override(), max_chunks);  // a forced count, capped
   if (segs <= 0) {

@@ -49,6 +49,11 @@ TEST_F(Sm90Plan, FewHeadsLongSequencesTakeSegments) {
   const Plan h16 = make_plan(shape(1, 8192, 16));
   EXPECT_EQ(h16.max_segs, 8);
   EXPECT_EQ(h16.seg_len, 64);
+  // Fixed length: every sequence has ceil(T / 16) chunks (4081 tokens: 256), not
+  // ceil(B * T / 16) / B (511 / 2 = 255, which would fall below 8 segments of 32).
+  const Plan b2 = make_plan(shape(2, 4081, 4));
+  EXPECT_EQ(b2.max_segs, 8);
+  EXPECT_EQ(b2.seg_len, 32);
 }
 
 TEST_F(Sm90Plan, WideOrShortProblemsDoNot) {
