@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "sm90/params.h"
 #include "sm90/plan.h"
@@ -27,13 +28,23 @@ ProblemShape shape(int64_t batch, int64_t T, int64_t heads, int64_t num_seqs = -
   return p;
 }
 
-// Each test starts and ends without the knobs (ctest runs every test in its own process).
+// Each test starts without the knobs and leaves them as it found them (the GPU tests of the
+// same executable read them).
 struct Sm90Plan : ::testing::Test {
+  static constexpr const char* kKnobs[] = {"FLASH_KDA_SM90_SEGMENTS", "FLASH_KDA_SM90_WINDOW_SLOTS"};
+  std::string saved[2];
+  bool was_set[2] = {false, false};
   void SetUp() override {
-    unsetenv("FLASH_KDA_SM90_SEGMENTS");
-    unsetenv("FLASH_KDA_SM90_WINDOW_SLOTS");
+    for (int i = 0; i < 2; ++i) {
+      if (const char* v = std::getenv(kKnobs[i])) { saved[i] = v; was_set[i] = true; }
+      unsetenv(kKnobs[i]);
+    }
   }
-  void TearDown() override { SetUp(); }
+  void TearDown() override {
+    for (int i = 0; i < 2; ++i) {
+      if (was_set[i]) setenv(kKnobs[i], saved[i].c_str(), 1); else unsetenv(kKnobs[i]);
+    }
+  }
 };
 
 TEST_F(Sm90Plan, FewHeadsLongSequencesTakeSegments) {
