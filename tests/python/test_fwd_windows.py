@@ -24,10 +24,6 @@ BOUND = 1e-2
 LENS = (40, 0, 1, 70, 0, 33)
 
 
-def _check(x, out, final_state, sample: Sample = Sample()) -> None:
-    check_against_reference(x, out, final_state, sample, BOUND)
-
-
 @pytest.mark.parametrize("window", [1, 3, 7])
 @pytest.mark.parametrize("warps", [1, 2, 4, 8])
 def test_windows_and_block_widths(monkeypatch, window, warps):
@@ -37,7 +33,7 @@ def test_windows_and_block_widths(monkeypatch, window, warps):
     x = make_inputs(case)
     out, final_state = run_fwd(x)
     assert all_finite(out) and all_finite(final_state), f"{case.name}: an element was not written"
-    _check(x, out, final_state)
+    check_against_reference(x, out, final_state, bound=BOUND)
 
 
 @pytest.mark.parametrize("warps", [2, 8])
@@ -47,7 +43,7 @@ def test_fixed_length_over_windows(monkeypatch, warps):
     case = Case(f"fixed_T100_B3_window5_warps{warps}_bf16", heads=2, seqlen=100, batch=3, state="bf16")
     x = make_inputs(case)
     out, final_state = run_fwd(x)
-    _check(x, out, final_state)
+    check_against_reference(x, out, final_state, bound=BOUND)
 
 
 @pytest.mark.parametrize("bad", ["past_end", "negative", "decreasing"])
@@ -63,4 +59,4 @@ def test_out_of_range_cu_seqlens_are_clamped(bad):
     out, final_state = new_outputs(x, fill=0.0)
     call_fwd(x, out, final_state)
     torch.cuda.synchronize()  # raises on a device fault
-    _check(x, out, final_state, Sample(seqs=tuple(range(good))))
+    check_against_reference(x, out, final_state, Sample(seqs=tuple(range(good))), BOUND)
