@@ -11,24 +11,15 @@
 #include <vector>
 
 #include "flash_kda/flash_kda.h"
+#include "reference/element_io.h"
 
 namespace flash_kda::testing {
 
-/// bf16 bit pattern -> fp32 (exact: bf16 is the upper half of an fp32).
-inline float bf16_bits_to_float(uint16_t bits) {
-  const uint32_t u = uint32_t(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using reference_detail::bf16_bits_to_float;
 
-/// fp32 -> bf16 bit pattern, round to nearest, ties to even (NaN stays NaN).
-inline uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if (std::isnan(f)) return uint16_t((u >> 16) | 0x40);
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+/// fp32 -> bf16 bit pattern, round to nearest, ties to even (the reference's own rounding;
+/// from an fp32 it is a single rounding).
+inline uint16_t float_to_bf16_bits(float f) { return reference_detail::double_to_bf16_bits(f); }
 
 /// The bf16 value nearest to `f` (ties to even), as an fp32.
 inline float round_to_bf16(float f) { return bf16_bits_to_float(float_to_bf16_bits(f)); }

@@ -283,20 +283,25 @@ def reference(x: Inputs, sample: Sample = Sample(), num_threads: int = 0):
     return out, final_state
 
 
-def check_against_reference(x: Inputs, out, final_state, sample: Sample = Sample(), bound: float = 1e-2) -> None:
-    """Asserts that out (and final_state, when not None) of a finished device run match the fp64
-    reference on `sample` within `bound` (relative Frobenius error), after a synchronisation;
-    the failure message names the case and the run's seed."""
+def reference_errors(x: Inputs, out, final_state, sample: Sample = Sample()) -> tuple:
+    """(out error, final_state error or None) of a finished device run against the fp64
+    reference on `sample`, as relative Frobenius errors, after a synchronisation."""
     import torch
 
     torch.cuda.synchronize()
-    where = f"{x.case.name} (seed {base_seed()})"
     ref_o, ref_s = reference(x, sample)
     o, s = sliced_outputs(x, out, final_state, sample)
-    err_o = rel_err(o, ref_o)
+    return rel_err(o, ref_o), (None if s is None else rel_err(s, ref_s))
+
+
+def check_against_reference(x: Inputs, out, final_state, sample: Sample = Sample(), bound: float = 1e-2) -> None:
+    """Asserts that out (and final_state, when not None) of a finished device run match the fp64
+    reference on `sample` within `bound` (relative Frobenius error); the failure message names
+    the case and the run's seed."""
+    where = f"{x.case.name} (seed {base_seed()})"
+    err_o, err_s = reference_errors(x, out, final_state, sample)
     assert err_o <= bound, f"{where}: out rel. error {err_o:.3e} > {bound}"
-    if s is not None:
-        err_s = rel_err(s, ref_s)
+    if err_s is not None:
         assert err_s <= bound, f"{where}: final_state rel. error {err_s:.3e} > {bound}"
 
 

@@ -29,10 +29,6 @@ BOUND = 1e-2
 LENS = (40, 0, 1, 70, 0, 33)
 
 
-def _check(x, out, final_state, sample: Sample = Sample()) -> None:
-    check_against_reference(x, out, final_state, sample, BOUND)
-
-
 @pytest.mark.parametrize("window", [1, 3, 7])
 @pytest.mark.parametrize("warps", [1, 2, 4, 8])
 def test_windows_and_block_widths(monkeypatch, window, warps):
@@ -42,7 +38,7 @@ def test_windows_and_block_widths(monkeypatch, window, warps):
     x = make_inputs(case)
     out, final_state = run_fwd(x)
     assert all_finite(out) and all_finite(final_state), f"{case.name}: an element was not written"
-    _check(x, out, final_state)
+    check_against_reference(x, out, final_state, bound=BOUND)
 
 
 @pytest.mark.parametrize("warps", [2, 8])
@@ -52,7 +48,7 @@ def test_fixed_length_over_windows(monkeypatch, warps):
     case = Case(f"fixed_T100_B3_window5_warps{warps}_bf16", heads=2, seqlen=100, batch=3, state="bf16")
     x = make_inputs(case)
     out, final_state = run_fwd(x)
-    _check(x, out, final_state)
+    check_against_reference(x, out, final_state, bound=BOUND)
 
 
 @pytest.mark.parametrize("bad", ["past_end", "negative", "decreasing"])
@@ -68,7 +64,7 @@ def test_out_of_range_cu_seqlens_are_clamped(bad):
     out, final_state = new_outputs(x, fill=0.0)
     call_fwd(x, out, final_state)
     torch.cuda.synchronize()  # raises on a device fault
-    _check(x, out, final_state, Sample(seqs=tuple(range(good))))
+    check_against_reference(x, out, final_state, Sample(seqs=tuple(range(good))), BOUND)
 
 
 SEGMENT_CASES = [
@@ -89,7 +85,7 @@ def test_segment_parallel_path(monkeypatch, case, segments):
     assert all_finite(out), f"{case.name}: an element of out was not written"
     if final_state is not None:
         assert all_finite(final_state), f"{case.name}: an element of final_state was not written"
-    _check(x, out, final_state)
+    check_against_reference(x, out, final_state, bound=BOUND)
 
 
 def test_segment_parallel_in_place_state(monkeypatch):
@@ -101,4 +97,4 @@ def test_segment_parallel_in_place_state(monkeypatch):
     out, _ = new_outputs(x)
     call_fwd(x, out, state, initial_state=state)  # final_state is initial_state
     torch.cuda.synchronize()
-    _check(x, out, state)
+    check_against_reference(x, out, state, bound=BOUND)

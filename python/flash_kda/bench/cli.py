@@ -24,16 +24,10 @@ def parse_seqlens(text: str) -> list[int]:
     parts = [p.strip() for p in text.split(",")]
     if not text.strip() or any(p == "" for p in parts):
         raise argparse.ArgumentTypeError(f"--seqlens wants comma-separated lengths like 1300,547; got {text!r}")
-    out = []
-    for p in parts:
-        try:
-            n = int(p)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--seqlens entry {p!r} is not an integer") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"--seqlens entry {n} must be >= 1")
-        out.append(n)
-    return out
+    try:
+        return [_positive_int(p) for p in parts]
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"--seqlens entry {err}") from None
 
 
 def _positive_int(text: str) -> int:
