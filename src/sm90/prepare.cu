@@ -43,7 +43,7 @@ struct Smem {
   union {
     float qi[kChunk][kPad];
     struct {
-      float gram[3][kChunk][kChunk + 1];  // raw kd ki^T, qd ki^T, qd qi^T
+      float gram[2][kChunk][kChunk + 1];  // raw kd ki^T, qd ki^T
       float L[kChunk][kChunk + 1];        // strictly lower, normalised, times beta
       float Mn[kChunk][kSq];              // -M (lower incl. diagonal), normalised and scaled
       float Ak[kChunk][kSq];              // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
     r[g] = rsqrtf((odd ? acc[0][1] : acc[0][0]) + eps);
     r[g + 8] = rsqrtf((odd ? acc[1][3] : acc[1][2]) + eps);
   }
-  if (warp < 3) {
+  if (warp < 2) {  // qd qi^T is only needed for its diagonal, already taken above
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       float(*G3)[kChunk + 1] = sm.m.gram[warp];
