@@ -131,7 +131,7 @@ TESTS=1
 [[ ${GPU_CHECK_SKIP_TESTS:-0} == 1 ]] && TESTS=0
 if ((TESTS)); then
   # shellcheck disable=SC2086
-  run_step pytest-gpu 300 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider "${XDIST[@]}" \
+  run_step pytest-gpu 300 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -v -rs -p no:cacheprovider "${XDIST[@]}" \
     -m "not large_memory" --durations=10 --junitxml="$LOG/pytest-gpu.xml" ${GPU_CHECK_PYTEST_ARGS:-}
 else
   skip_step pytest-gpu "GPU_CHECK_SKIP_TESTS=1"
@@ -155,7 +155,7 @@ else
 fi
 if ((TESTS)); then
   # shellcheck disable=SC2086
-  run_step pytest-rest 150 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python -q -rs -p no:cacheprovider "${XDIST[@]}" \
+  run_step pytest-rest 240 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python -v -rs -p no:cacheprovider "${XDIST[@]}" \
     --ignore-glob='*/test_fwd_*.py' --junitxml="$LOG/pytest-rest.xml" ${GPU_CHECK_PYTEST_ARGS:-}
   # The test that needs most of the GPU's memory, alone.
   # shellcheck disable=SC2086

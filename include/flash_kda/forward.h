@@ -109,8 +109,9 @@ size_t forward_workspace_size(const ForwardArgs& args);
 /// final_state may be exactly initial_state (in-place update). The launch runs on q's device
 /// (made current for the call, then restored). cu_seqlens values on the GPU are not checked
 /// (that would need a sync): they must satisfy the table above (docs/errors.md). Bad values are
-/// clamped to [0, T_total] on the device: the affected sequences come out wrong, but nothing
-/// outside the tensors and the workspace is read or written.
+/// clamped to [0, T_total] on the device: results are then unspecified (for the bad sequences
+/// and any rows their clamped ranges overlap), but nothing outside the tensors and the
+/// workspace is read or written.
 /// Throws flash_kda::CudaError if a launch fails.
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, Stream stream);
 

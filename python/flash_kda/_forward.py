@@ -45,8 +45,8 @@ def fwd(
         cu_seqlens: optional int64/int32 [N + 1] on the GPU, cumulative sequence starts:
             cu[0] = 0, non-decreasing, cu[N] = B*T. Its values are not checked (that would
             need a device-to-host copy and a sync); bad values are clamped to [0, B*T] on the
-            device and give wrong results for the sequences they describe, never an access
-            outside the tensors.
+            device and give unspecified results (for the bad sequences and any rows their
+            clamped ranges overlap), never an access outside the tensors.
 
     All tensors contiguous and on one CUDA device. Runs asynchronously on
     ``torch.cuda.current_stream(q.device)``; the scratch workspace comes from

@@ -50,13 +50,19 @@ struct SeqIndex {
 
 #if defined(__CUDACC__)
   /// cu_seqlens cannot be checked on the host without a synchronisation, so its values are
-  /// clamped to [0, total_tokens]: bad values give wrong results for the bad sequences but
-  /// never an access outside q, k, v, g, beta, out or the workspace.
+  /// clamped to [0, total_tokens] (and lengths to >= 0, see length()): bad values give
+  /// unspecified results (a clamped range may overlap another sequence's rows) but never an
+  /// access outside q, k, v, g, beta, out or the workspace.
   __device__ __forceinline__ int64_t start(int64_t n) const {
     if (cu_seqlens == nullptr) return n * seqlen;
     const int64_t s = cu_is_64 ? static_cast<const int64_t*>(cu_seqlens)[n]
                                : static_cast<int64_t>(static_cast<const int32_t*>(cu_seqlens)[n]);
     return s < 0 ? 0 : (s > total_tokens ? total_tokens : s);
+  }
+  /// Tokens of sequence n; 0 where bad (decreasing) cu_seqlens values would make it negative.
+  __device__ __forceinline__ int64_t length(int64_t n) const {
+    const int64_t len = start(n + 1) - start(n);
+    return len > 0 ? len : 0;
   }
   __device__ __forceinline__ int64_t first_slot(int64_t n) const { return n + start(n) / kChunk; }
   /// The sequence owning `slot`: the largest n with first_slot(n) <= slot.

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
   const int64_t slot = p.slot_begin + blockIdx.x;
   const int64_t n = p.seqs.seq_of_slot(slot);
   const int64_t chunk = slot - p.seqs.first_slot(n);
-  const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.start(n + 1) - seq_begin;
+  const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.length(n);
   // An empty slot (no record is read for it), or bad cu_seqlens values (see SeqIndex::start).
   if (chunk < 0 || chunk * kChunk >= seq_len) return;
   const int64_t t0 = seq_begin + chunk * kChunk;

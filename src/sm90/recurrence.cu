@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   const int v_block = (blockIdx.z % kColBlocks) * NW * 16, v0 = v_block + warp * 16;
 
   const int64_t first = p.seqs.first_slot(n);
-  const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.start(n + 1) - seq_begin;
+  const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.length(n);
   const int64_t num_chunks = (seq_len + kChunk - 1) / kChunk;
   const int64_t owned_end = first + (num_chunks > 0 ? num_chunks : 1);  // an empty sequence owns one slot
   if (owned_end <= p.slot_begin || first >= p.slot_end) return;

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
   const int64_t n = blockIdx.x;
   const int hv = blockIdx.y, v = blockIdx.z * kRows + r;
   const int64_t HV = p.value_heads;
-  const int64_t seq_len = p.seqs.start(n + 1) - p.seqs.start(n);
+  const int64_t seq_len = p.seqs.length(n);
   const int64_t num_chunks = seq_len > 0 ? (seq_len + kChunk - 1) / kChunk : 0;
   const int64_t num_segs = num_chunks > 0 ? (num_chunks + p.seg_len - 1) / p.seg_len : 1;
   const int64_t maps_per_seq = p.max_segs - 1;

@@ -5,7 +5,22 @@ import json
 import pytest
 
 import _bench_path  # noqa: F401
+import fwd_cases
 from flash_kda_bench.main import main as bench_main
+
+
+@pytest.fixture(autouse=True)
+def _fla_pinned():
+    """fla's kernels on one configuration each (fwd_cases.pin_fla_configs): these tests check
+    the benchmark's plumbing, not fla's speed, and autotuning every new shape outlasts the
+    device call. The layer's modules are imported first so that their kernels are pinned too."""
+    try:
+        import fla.layers.kda  # noqa: F401
+        import fla.ops.kda  # noqa: F401
+    except ImportError:
+        return
+    fwd_cases.pin_fla_configs.cache_clear()
+    fwd_cases.pin_fla_configs()
 
 
 @pytest.mark.cuda_sm90
