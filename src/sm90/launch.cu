@@ -81,7 +81,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   seqs.total_tokens = p.batch * p.seqlen;
 
   PrepareParams pp{};
-  pp.q = a.q.data; pp.k = a.k.data; pp.v = a.v.data; pp.g = a.g.data; pp.beta = a.beta.data;
+  pp.q = a.q.data; pp.k = a.k.data; pp.g = a.g.data; pp.beta = a.beta.data;
   pp.A_log = static_cast<const float*>(a.A_log.data);
   pp.dt_bias = static_cast<const float*>(a.dt_bias.data);
   pp.g_is_f32 = a.g.dtype == DType::F32;
@@ -95,6 +95,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
 
   RecurrenceParams rp{};
   rp.records = records;
+  rp.v = a.v.data;
   rp.seqs = seqs;
   rp.value_heads = static_cast<int>(p.value_heads);
   rp.out = a.out.data;

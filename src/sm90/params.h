@@ -4,12 +4,15 @@
 // Stage 1 (prepare.cu, fully parallel) turns each 16-token chunk of one value head into a
 // "chunk record" that makes the state recurrence linear in S (all of it independent of S):
 //
-//   W   = (I+L)^-1 diag(b) kd          [16 x K]   so  U = U0 - W S
-//   Qe  = qd - M W                     [16 x K]   so  O = Qe S + O0
+//   W   = (I+L)^-1 diag(b) kd          [16 x K]   so  U = Av v - W S
+//   Qd  = scale qd / ||q||             [16 x K]   so  O = Qd S + M U
 //   kr  = k * exp(G_C - G)             [16 x K]   so  S' = diag(gC) S + kr^T U
-//   U0  = (I+L)^-1 diag(b) v           stored transposed [V x 16]
-//   O0  = M U0                         stored transposed [V x 16]
+//   Av  = (I+L)^-1 diag(b)             [16 x 16]
+//   M   = lower_incl(scale qn kn^T * decay)  [16 x 16]
 //   gC  = exp(G_C)                     [K] fp32
+//
+// v itself is not in the record: the recurrence reads it from the input (a record carrying
+// U0 = Av v and O0 = M U0 would be 8 KB larger, written once and read once).
 //
 // Stage 2 (recurrence.cu) walks the chunks of each sequence in order, split over value
 // columns: the delta rule is independent per value column, so each warp owns 16 columns of
@@ -27,12 +30,13 @@ inline constexpr int kHeadDim = 128;  // K = V = 128 in this kernel family
 
 // Chunk record: byte offsets inside one (slot, value head) record.
 inline constexpr int kRecW = 0;                                 // bf16 [16][128]
-inline constexpr int kRecQe = kRecW + kChunk * kHeadDim * 2;     // bf16 [16][128]
-inline constexpr int kRecKr = kRecQe + kChunk * kHeadDim * 2;    // bf16 [16][128]
-inline constexpr int kRecU0T = kRecKr + kChunk * kHeadDim * 2;   // bf16 [128][16]
-inline constexpr int kRecO0T = kRecU0T + kChunk * kHeadDim * 2;  // bf16 [128][16]
-inline constexpr int kRecGC = kRecO0T + kChunk * kHeadDim * 2;   // fp32 [128]
-inline constexpr int kRecordBytes = kRecGC + kHeadDim * 4;       // 20992, a multiple of 256
+inline constexpr int kRecQd = kRecW + kChunk * kHeadDim * 2;     // bf16 [16][128]
+inline constexpr int kRecKr = kRecQd + kChunk * kHeadDim * 2;    // bf16 [16][128]
+inline constexpr int kRecAv = kRecKr + kChunk * kHeadDim * 2;    // bf16 [16][16], row i = token i
+inline constexpr int kRecM = kRecAv + kChunk * kChunk * 2;       // bf16 [16][16], row i = query token i
+inline constexpr int kRecGC = kRecM + kChunk * kChunk * 2;       // fp32 [128]
+inline constexpr int kRecordBytes = kRecGC + kHeadDim * 4;       // 13824, a multiple of 256
+static_assert(kRecordBytes % 256 == 0, "records are 256-byte aligned in the workspace");
 
 /// Where each sequence starts. Fixed length: sequence n starts at token n*T of the flattened
 /// [B*T] token axis; varlen: cu_seqlens[n].
@@ -81,7 +85,6 @@ struct SeqIndex {
 struct PrepareParams {
   const void* q;          // [.., H, K]
   const void* k;          // [.., H, K]
-  const void* v;          // [.., HV, V]
   const void* g;          // [.., HV, K] bf16 or fp32 (g_is_f32)
   const void* beta;       // [.., HV]    bf16 or fp32 (beta_is_f32)
   const float* A_log;     // [HV]
@@ -97,6 +100,7 @@ struct PrepareParams {
 /// Stage 2 parameters.
 struct RecurrenceParams {
   const char* records;
+  const void* v;                // bf16 [.., HV, V]: U = Av v - W S
   SeqIndex seqs;
   int value_heads;
   void* out;                    // bf16 [.., HV, V]

@@ -4,7 +4,7 @@
 //
 // The products run on tensor cores in tf32 (fla's Triton kernels do the same: tl.dot of fp32
 // operands is tf32), with fp32 accumulation; the records are bf16 anyway. Phases:
-//   1. the chunk's q, k, v and g rows are staged in shared memory by 16-byte cp.async, all in
+//   1. the chunk's q, k and g rows are staged in shared memory by 16-byte cp.async, all in
 //      flight at once (per-thread 2-byte global loads left the kernel latency-bound); then
 //      thread c owns key channel c: gate, cumulative decay G, and the decayed operands
 //      kd = k e^G, ki = k e^-G, qd = q e^G, qi = q e^-G (raw q and k: not yet normalised);
@@ -12,9 +12,9 @@
 //      squared norms ||k_t||^2 and ||q_t||^2: the L2 norms fold into row/column scales of the
 //      16x16 matrices, so no reduction over channels is needed anywhere else;
 //   3. (I + L)^-1 by forward substitution on 16 lanes (depth 16);
-//   4. W^T, U0^T, Qe^T, O0^T as [channel x token] products, warp w owning channels 32w..32w+31;
-//      the accumulator of W^T (U0^T) is, register for register, the A operand of Qe^T (O0^T);
-//   5. the record is assembled in shared memory and written with 16-byte stores.
+//   4. W^T = kd^T Ak^T as a [channel x token] product, warp w owning channels 32w..32w+31;
+//   5. the record (W, Qd, kr, Av, M, gC; params.h) is assembled in shared memory and written
+//      with 16-byte stores. v is not read here: the recurrence applies Av to it.
 #include <cuda_bf16.h>
 
 #include <cute/arch/copy_sm80.hpp>
@@ -34,37 +34,36 @@ constexpr int kThreads = kHeadDim;  // 4 warps
 constexpr int kPad = kHeadDim + 4;
 constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B fragments
 
-// Shared memory, 42.3 KB: 5 blocks per SM. The raw rows of phase 1 are staged over kd, qd and v
-// (every thread reads its columns before any of them is written), the 16x16 matrices live where
-// qi was (qi is only read by the Gram products), and the record is assembled over kd, qd and v
-// once phase 4 is done.
+// Shared memory, 34 KB. The raw rows of phase 1 are staged over kd and qd (every thread reads
+// its columns before any of them is written), the 16x16 matrices live where qi was (qi is only
+// read by the Gram products), and the record is assembled over kd and qd once phase 4 is done.
 struct Smem {
-  float kd[kChunk][kPad], qd[kChunk][kPad], v[kChunk][kPad], ki[kChunk][kPad];
+  float kd[kChunk][kPad], qd[kChunk][kPad], ki[kChunk][kPad];
   union {
     float qi[kChunk][kPad];
     struct {
       float gram[2][kChunk][kChunk + 1];  // raw kd ki^T, qd ki^T
       float L[kChunk][kChunk + 1];        // strictly lower, normalised, times beta
-      float Mn[kChunk][kSq];              // -M (lower incl. diagonal), normalised and scaled
+      float M[kChunk][kSq];               // M (lower incl. diagonal), normalised and scaled
       float Ak[kChunk][kSq];              // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
-      float Av[kChunk][kSq];              // (I+L)^-1 diag(beta):         U0 = Av v
+      float Av[kChunk][kSq];              // (I+L)^-1 diag(beta):         U = Av v - W S
     } m;
   };
   float beta[kChunk];
   float rk[kChunk], rq[kChunk];  // 1 / ||k_t|| and 1 / ||q_t|| (eps inside the square root)
 };
 static_assert(sizeof(Smem::m) <= sizeof(Smem::qi), "16x16 matrices must fit over qi");
-static_assert(3 * sizeof(Smem::kd) >= kRecordBytes, "the record is assembled over kd, qd and v");
+static_assert(2 * sizeof(Smem::kd) >= kRecordBytes, "the record is assembled over kd and qd");
 
-// The chunk's input rows as they are in global memory: 16-20 KB.
+// The chunk's input rows as they are in global memory: 12-16 KB.
 struct Staging {
-  __nv_bfloat16 q[kChunk][kHeadDim], k[kChunk][kHeadDim], v[kChunk][kHeadDim];
+  __nv_bfloat16 q[kChunk][kHeadDim], k[kChunk][kHeadDim];
   union {
     __nv_bfloat16 g16[kChunk][kHeadDim];
     float g32[kChunk][kHeadDim];  // g_is_f32
   };
 };
-static_assert(3 * sizeof(Smem::kd) >= sizeof(Staging), "the inputs are staged over kd, qd and v");
+static_assert(2 * sizeof(Smem::kd) >= sizeof(Staging), "the inputs are staged over kd and qd");
 
 // Issues the cp.async of the chunk's rows of one tensor (row of token tok: (tok * heads + head)
 // * kRowBytes bytes from src), kRowBytes / 128 per thread. Rows past the sequence end are
@@ -126,18 +125,14 @@ __device__ __forceinline__ void gram(const float (*A)[kPad], const float (*B)[kP
 }
 
 // B fragments of a 16x16 matrix X used as B[k = token j][n = token i] = X[i][j], for the two
-// k-steps ks and two n-tiles nt. `permuted`: k index t4 / t4+4 stands for token 2t4 / 2t4+1 of
-// the k-step (the order in which an m16n8 accumulator holds its columns, so it can be reused
-// as an A operand without shuffles); otherwise t4 / t4+4.
-__device__ __forceinline__ void load_b16(const float (*X)[kSq], int g, int t4, bool permuted,
-                                         uint32_t (&b)[2][2][2]) {
+// k-steps ks and two n-tiles nt (k index t4 / t4+4 of a k-step of 8).
+__device__ __forceinline__ void load_b16(const float (*X)[kSq], int g, int t4, uint32_t (&b)[2][2][2]) {
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const int j0 = 8 * ks + (permuted ? 2 * t4 : t4), j1 = 8 * ks + (permuted ? 2 * t4 + 1 : t4 + 4);
-      b[ks][nt][0] = bits(X[8 * nt + g][j0]);
-      b[ks][nt][1] = bits(X[8 * nt + g][j1]);
+      b[ks][nt][0] = bits(X[8 * nt + g][8 * ks + t4]);
+      b[ks][nt][1] = bits(X[8 * nt + g][8 * ks + t4 + 4]);
     }
 }
 
@@ -157,23 +152,9 @@ __device__ __forceinline__ void tile_times(const float (*T)[kPad], int c0, int g
   }
 }
 
-// acc += P B where P (channel x token) is an earlier accumulator, reused as the A operand with
-// the permuted token order of load_b16.
-__device__ __forceinline__ void acc_times(const float (&P)[2][4], const uint32_t (&b)[2][2][2], float (&acc)[2][4]) {
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    const uint32_t a0 = bits(to_tf32(P[ks][0])), a1 = bits(to_tf32(P[ks][2]));
-    const uint32_t a2 = bits(to_tf32(P[ks][1])), a3 = bits(to_tf32(P[ks][3]));
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-      MmaTf32::fma(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], a0, a1, a2, a3, b[ks][nt][0], b[ks][nt][1],
-                   acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-  }
-}
-
-// 5 blocks per SM (<= 96 registers): phases 2-3 leave warps idle at barriers, which only
-// other resident blocks can fill.
-__global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParams p) {
+// 6 blocks per SM (<= 80 registers, 6 x 34 KB of shared memory): phases 2-3 leave warps idle at
+// barriers, which only other resident blocks can fill.
+__global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParams p) {
   __shared__ __align__(16) Smem sm;
 
   const int c = threadIdx.x, lane = c % 32, warp = c / 32;
@@ -188,13 +169,12 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
   const int64_t t0 = seq_begin + chunk * kChunk;
   const int valid = static_cast<int>(seq_len - chunk * kChunk < kChunk ? seq_len - chunk * kChunk : kChunk);
 
-  // Phase 1. Tokens past the sequence end are zero (k = v = q = 0, b = 0, a = 0; their staged
+  // Phase 1. Tokens past the sequence end are zero (k = q = 0, b = 0, a = 0; their staged
   // rows are zero-filled, and may lie past the end of the tensors): they then leave U, S and the
   // chunk decay untouched, so the recurrence needs no masks.
   Staging& in = *reinterpret_cast<Staging*>(&sm.kd[0][0]);
   stage_rows<kHeadDim * 2>(in.q, p.q, t0, valid, p.heads, h, c);
   stage_rows<kHeadDim * 2>(in.k, p.k, t0, valid, p.heads, h, c);
-  stage_rows<kHeadDim * 2>(in.v, p.v, t0, valid, p.value_heads, hv, c);
   if (p.g_is_f32)
     stage_rows<kHeadDim * 4>(in.g32, p.g, t0, valid, p.value_heads, hv, c);
   else
@@ -212,12 +192,11 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
 
   float gC;
   {
-    float q[kChunk], k[kChunk], v[kChunk], gr[kChunk];
+    float q[kChunk], k[kChunk], gr[kChunk];
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
       q[t] = __bfloat162float(in.q[t][c]);
       k[t] = __bfloat162float(in.k[t][c]);
-      v[t] = __bfloat162float(in.v[t][c]);
     }
     if (p.g_is_f32) {
 #pragma unroll
@@ -226,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) gr[t] = __bfloat162float(in.g16[t][c]);
     }
-    __syncthreads();  // the staged rows are dead: kd, qd and v take their place
+    __syncthreads();  // the staged rows are dead: kd and qd take their place
     // With the safe gate G >= 16 * lower_bound >= -80, so exp(+-G) stays inside fp32's range.
     const float decay_rate = __expf(a_log);
     float G = 0.f;
@@ -238,7 +217,6 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
       sm.ki[t][c] = to_tf32(k[t] * ei);
       sm.qd[t][c] = to_tf32(q[t] * e);
       sm.qi[t][c] = to_tf32(q[t] * ei);
-      sm.v[t][c] = v[t];  // bf16 values are exact in tf32
     }
     gC = math::exp_fast(G);
   }
@@ -268,14 +246,14 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
   }
   __syncthreads();
 
-  // Phase 3: normalise. L = strictly_lower(diag(b) kn kn^T) and -M = -lower_incl(scale qn kn^T),
+  // Phase 3: normalise. L = strictly_lower(diag(b) kn kn^T) and M = lower_incl(scale qn kn^T),
   // with kn = k / ||k||, qn = q / ||q|| (eps inside the square root).
 #pragma unroll
   for (int e = c; e < kChunk * kChunk; e += kThreads) {
     const int i = e / kChunk, j = e % kChunk;
     const float rki = sm.rk[i], rkj = sm.rk[j], rqi = sm.rq[i];
     sm.m.L[i][j] = j < i ? sm.beta[i] * sm.m.gram[0][i][j] * rki * rkj : 0.f;
-    sm.m.Mn[i][j] = j <= i ? to_tf32(-p.scale * sm.m.gram[1][i][j] * rqi * rkj) : 0.f;
+    sm.m.M[i][j] = j <= i ? p.scale * sm.m.gram[1][i][j] * rqi * rkj : 0.f;
   }
   __syncthreads();
   // (I + L)^-1, column j per lane, in axpy order: the dependent chain is 16 steps long.
@@ -292,61 +270,34 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
       sm.m.Ak[i][j] = to_tf32(x[i] * bj * rkj);
-      sm.m.Av[i][j] = to_tf32(x[i] * bj);
+      sm.m.Av[i][j] = x[i] * bj;
     }
   }
   __syncthreads();
 
-  // Phase 4: per m-tile of 16 channels, W^T = kd^T Ak^T, U0^T = v^T Av^T,
-  // Qe^T = qd^T diag(scale/||q||) - W^T M^T, O0^T = U0^T M^T.
-  uint32_t bAk[2][2][2], bAv[2][2][2], bM[2][2][2];
-  load_b16(sm.m.Ak, g, t4, false, bAk);
-  load_b16(sm.m.Av, g, t4, false, bAv);
-  load_b16(sm.m.Mn, g, t4, true, bM);
-  float rq[2][2];  // scale / ||q|| of the tokens 8nt + 2t4 + {0, 1} this lane's accumulators hold
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      const int t = 8 * nt + 2 * t4 + x;
-      rq[nt][x] = p.scale * sm.rq[t];
-    }
-  float W[2][2][4], U[2][2][4], Qe[2][2][4], O[2][2][4];
+  // Phase 4: per m-tile of 16 channels, W^T = kd^T Ak^T. Thread c also takes its channel of
+  // Qd = qd diag(scale / ||q||) into registers: the record is assembled over qd.
+  uint32_t bAk[2][2][2];
+  load_b16(sm.m.Ak, g, t4, bAk);
+  float W[2][2][4];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
-    const int c0 = 32 * warp + 16 * mt;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) W[mt][nt][r] = U[mt][nt][r] = O[mt][nt][r] = 0.f;
-      const int t = 8 * nt + 2 * t4;
-      Qe[mt][nt][0] = sm.qd[t][c0 + g] * rq[nt][0];
-      Qe[mt][nt][1] = sm.qd[t + 1][c0 + g] * rq[nt][1];
-      Qe[mt][nt][2] = sm.qd[t][c0 + g + 8] * rq[nt][0];
-      Qe[mt][nt][3] = sm.qd[t + 1][c0 + g + 8] * rq[nt][1];
-    }
-    tile_times(sm.kd, c0, g, t4, bAk, W[mt]);
-    tile_times(sm.v, c0, g, t4, bAv, U[mt]);
-    acc_times(W[mt], bM, Qe[mt]);
-    // O0 = M U0 with +M: negate the -M fragments back (exact).
-    uint32_t bMp[2][2][2];
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) bMp[ks][nt][x] = bM[ks][nt][x] ^ 0x80000000u;
-    acc_times(U[mt], bMp, O[mt]);
+      for (int r = 0; r < 4; ++r) W[mt][nt][r] = 0.f;
+    tile_times(sm.kd, 32 * warp + 16 * mt, g, t4, bAk, W[mt]);
   }
-  __syncthreads();  // kd, qd and v are dead: assemble the record over them
+  float qd[kChunk];
+#pragma unroll
+  for (int t = 0; t < kChunk; ++t) qd[t] = sm.qd[t][c] * (p.scale * sm.rq[t]);
+  __syncthreads();  // kd and qd are dead: assemble the record over them
 
   // Phase 5.
   char* st = reinterpret_cast<char*>(&sm.kd[0][0]);
   auto* sW = reinterpret_cast<__nv_bfloat16*>(st + kRecW);
-  auto* sQe = reinterpret_cast<__nv_bfloat16*>(st + kRecQe);
+  auto* sQd = reinterpret_cast<__nv_bfloat16*>(st + kRecQd);
   auto* sKr = reinterpret_cast<__nv_bfloat16*>(st + kRecKr);
-  auto* sU0T = reinterpret_cast<uint32_t*>(st + kRecU0T);
-  auto* sO0T = reinterpret_cast<uint32_t*>(st + kRecO0T);
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -356,16 +307,19 @@ __global__ void __launch_bounds__(kThreads, 5) prepare_kernel(const PrepareParam
         const int ch = 32 * warp + 16 * mt + g + 8 * half, t = 8 * nt + 2 * t4;
         sW[t * kHeadDim + ch] = __float2bfloat16(W[mt][nt][2 * half]);
         sW[(t + 1) * kHeadDim + ch] = __float2bfloat16(W[mt][nt][2 * half + 1]);
-        sQe[t * kHeadDim + ch] = __float2bfloat16(Qe[mt][nt][2 * half]);
-        sQe[(t + 1) * kHeadDim + ch] = __float2bfloat16(Qe[mt][nt][2 * half + 1]);
-        sU0T[(ch * kChunk + t) / 2] = pack_bf16(U[mt][nt][2 * half], U[mt][nt][2 * half + 1]);
-        sO0T[(ch * kChunk + t) / 2] = pack_bf16(O[mt][nt][2 * half], O[mt][nt][2 * half + 1]);
       }
     }
   }
 #pragma unroll
-  for (int t = 0; t < kChunk; ++t)  // kr = ki e^{G_C} / ||k|| (ki lies past the record)
+  for (int t = 0; t < kChunk; ++t) {  // kr = ki e^{G_C} / ||k|| (ki lies past the record)
+    sQd[t * kHeadDim + c] = __float2bfloat16(qd[t]);
     sKr[t * kHeadDim + c] = __float2bfloat16(sm.ki[t][c] * gC * sm.rk[t]);
+  }
+  {  // Av and M: 256 entries each, two per thread (the 16x16 matrices lie past the record)
+    const int i = c / 8, j = 2 * (c % 8);
+    reinterpret_cast<uint32_t*>(st + kRecAv)[c] = pack_bf16(sm.m.Av[i][j], sm.m.Av[i][j + 1]);
+    reinterpret_cast<uint32_t*>(st + kRecM)[c] = pack_bf16(sm.m.M[i][j], sm.m.M[i][j + 1]);
+  }
   reinterpret_cast<float*>(st + kRecGC)[c] = gC;
   __syncthreads();
 

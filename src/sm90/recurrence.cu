@@ -2,11 +2,13 @@
 //
 // One block per (sequence, value head, slice of NW*16 value columns); each warp owns 16 value
 // columns of the state, kept as S^T [16 v x 128 k] in fp32 mma accumulators for the whole
-// sequence. Per 16-token chunk, with the record of stage 1 in shared memory:
+// sequence. Per 16-token chunk, with the record of stage 1 and the chunk's rows of v (this
+// block's columns) in shared memory:
 //
-//   U^T = U0^T - S^T W^T      (mma: A = S^T as bf16, B = W   via ldmatrix)
-//   O^T = O0^T + S^T Qe^T     (same A, B = Qe)
+//   U^T = v^T Av^T - S^T W^T      (mma: A = S^T as bf16, B = W via ldmatrix; v^T via
+//                                  ldmatrix.trans; v^T Av^T does not depend on S)
 //   S^T = S^T diag(gC) + U^T kr   (A = U^T, B = kr via ldmatrix.trans)
+//   O^T = S^T Qd^T + U^T M^T      (old S; off the sequential chain)
 //
 // The m16n8 accumulator of one product is, register for register, the A operand of the next
 // (the FlashAttention-2 register reuse), so S and U never leave registers. Records are
@@ -31,10 +33,12 @@ template <int NW>
 struct Layout {
   static constexpr int kRow = (kHeadDim + 8) * 2;     // bytes per padded [16][128] row: ldmatrix rows hit distinct banks
   static constexpr int kMat = kChunk * kRow;
-  static constexpr int kSlice = NW * kChunk * kChunk * 2;  // this block's rows of U0T / O0T
-  static constexpr int kW = 0, kQe = kMat, kKr = 2 * kMat;
-  static constexpr int kU0T = 3 * kMat, kO0T = kU0T + kSlice, kGC = kO0T + kSlice;
-  static constexpr int kStage = kGC + kHeadDim * 4;
+  static constexpr int kSqRow = (kChunk + 8) * 2;     // padded row of the 16x16 matrices
+  static constexpr int kVRow = NW * 16 * 2 + 16;      // padded row of this block's v columns
+  static constexpr int kW = 0, kQd = kMat, kKr = 2 * kMat;
+  static constexpr int kAv = 3 * kMat, kM = kAv + kChunk * kSqRow, kGC = kM + kChunk * kSqRow;
+  static constexpr int kV = kGC + kHeadDim * 4;
+  static constexpr int kStage = kV + kChunk * kVRow;
   static constexpr int kOut = kStages * kStage;             // per-warp [16 tok][16 v] bf16 staging
   static constexpr int kBytes = kOut + NW * kChunk * kChunk * 2;
 };
@@ -44,41 +48,47 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-__device__ __forceinline__ float2 unpack_bf16(uint32_t x) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
-}
-
-// One chunk record's slice for this block into a stage buffer, as 16-byte cp.async pieces.
-// W, Qe and kr are contiguous in the record ([3][16][128] bf16, piece i at byte 16 i) and land
-// in padded rows (row i / 16, column i % 16). kThreads is a multiple of 16, so the pieces
-// i = tid + it * kThreads of one thread share its column and every copy is the thread's base
-// address plus a compile-time constant: a few instructions per step instead of ~400 of
-// index arithmetic (the SASS of the generic loops, 2-warp blocks).
+// One chunk's record and this block's columns of its v rows into a stage buffer, as 16-byte
+// cp.async pieces. W, Qd and kr are contiguous in the record ([3][16][128] bf16, piece i at
+// byte 16 i) and land in padded rows (row i / 16, column i % 16). kThreads is a multiple of 16,
+// so the pieces i = tid + it * kThreads of one thread share its column and every copy is the
+// thread's base address plus a compile-time constant: a few instructions per step instead of
+// ~400 of index arithmetic (the SASS of the generic loops, 2-warp blocks).
+// v rows past the sequence end are zero-filled (their Av columns are zero, but 0 * NaN is not)
+// from an address clamped to the last valid row. `v_row` is the chunk's first row of v at this
+// block's first column; `with_v` is false in the P pass of the segment maps (U0 = 0).
 template <int NW>
-__device__ __forceinline__ void load_record(char* smem, const char* rec, int v_base, int tid) {
+__device__ __forceinline__ void load_record(char* smem, const char* rec, const char* v_row, int64_t v_row_bytes,
+                                            int valid, bool with_v, int tid) {
   using L = Layout<NW>;
   using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>;
+  using CopyZ = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
   constexpr int kThreads = NW * 32;
   constexpr int kPieces = 3 * kChunk * kHeadDim * 2 / 16;
   static_assert(kThreads % 16 == 0 && kPieces % kThreads == 0, "pieces must split evenly over the block");
-  static_assert(L::kSlice / 16 == kThreads, "one U0T piece and one O0T piece per thread");
-  static_assert(kRecQe == kRecW + kChunk * kHeadDim * 2 && kRecKr == kRecQe + kChunk * kHeadDim * 2,
-                "W, Qe and kr must be contiguous in the record");
+  static_assert(kRecQd == kRecW + kChunk * kHeadDim * 2 && kRecKr == kRecQd + kChunk * kHeadDim * 2,
+                "W, Qd and kr must be contiguous in the record");
+  static_assert(kRecM == kRecAv + kChunk * kChunk * 2 && kRecGC == kRecM + kChunk * kChunk * 2,
+                "Av, M and gC must be contiguous in the record");
   const char* src = rec + kRecW + tid * 16;
   char* dst = smem + L::kW + (tid / 16) * L::kRow + (tid % 16) * 16;
 #pragma unroll
   for (int it = 0; it < kPieces / kThreads; ++it)
     Copy::copy(*reinterpret_cast<const cute::uint128_t*>(src + it * kThreads * 16),
                *reinterpret_cast<cute::uint128_t*>(dst + it * (kThreads / 16) * L::kRow));
-  // U0T then O0T rows [v_base, v_base + NW*16): kSlice bytes each, contiguous in both places.
-  const char* slice = rec + v_base * kChunk * 2 + tid * 16;
-  Copy::copy(*reinterpret_cast<const cute::uint128_t*>(slice + kRecU0T),
-             *reinterpret_cast<cute::uint128_t*>(smem + L::kU0T + tid * 16));
-  Copy::copy(*reinterpret_cast<const cute::uint128_t*>(slice + kRecO0T),
-             *reinterpret_cast<cute::uint128_t*>(smem + L::kO0T + tid * 16));
-  if (tid < kHeadDim * 4 / 16)  // gC: 512 bytes
-    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(rec + kRecGC + tid * 16),
-               *reinterpret_cast<cute::uint128_t*>(smem + L::kGC + tid * 16));
+  // Av and M (32 pieces each, two per padded row), then gC (32 pieces).
+#pragma unroll
+  for (int i = tid; i < 96; i += kThreads) {
+    const int which = i / 32, r = i % 32;
+    char* d = smem + L::kAv + which * (kChunk * L::kSqRow) + (which < 2 ? (r / 2) * L::kSqRow + (r % 2) * 16 : r * 16);
+    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(rec + kRecAv + i * 16), *reinterpret_cast<cute::uint128_t*>(d));
+  }
+  if (with_v) {  // 16 rows x NW * 32 bytes: one piece per thread
+    const int t = tid / (2 * NW), j = tid % (2 * NW);
+    const char* vs = v_row + (t < valid ? t : valid - 1) * v_row_bytes + j * 16;
+    CopyZ::copy(*reinterpret_cast<const cute::uint128_t*>(vs),
+                *reinterpret_cast<cute::uint128_t*>(smem + L::kV + t * L::kVRow + j * 16), t < valid);
+  }
 }
 
 template <int NW>
@@ -148,19 +158,23 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     }
   }
 
-  auto record = [&](int64_t c) {
-    return p.records + ((first + c - p.slot_begin) * HV + hv) * int64_t(kRecordBytes);
+  const int64_t v_row_bytes = HV * kHeadDim * 2;
+  auto load = [&](char* stage, int64_t c) {
+    const char* rec = p.records + ((first + c - p.slot_begin) * HV + hv) * int64_t(kRecordBytes);
+    const char* v_row = static_cast<const char*>(p.v) + (seq_begin + c * kChunk) * v_row_bytes + (hv * kHeadDim + v_block) * 2;
+    const int valid = static_cast<int>(min(int64_t(kChunk), seq_len - c * kChunk));
+    load_record<NW>(stage, rec, v_row, v_row_bytes, valid, use_u0, tid);
   };
 #pragma unroll
   for (int s0 = 0; s0 < kStages - 1; ++s0) {
-    if (c_begin + s0 < c_end) load_record<NW>(smem + s0 * L::kStage, record(c_begin + s0), v_block, tid);
+    if (c_begin + s0 < c_end) load(smem + s0 * L::kStage, c_begin + s0);
     cute::cp_async_fence();
   }
 
   for (int64_t c = c_begin; c < c_end; ++c) {
     char* stage = smem + ((c - c_begin) % kStages) * L::kStage;
     const int64_t ahead = c + kStages - 1;  // refills the buffer freed at the end of the last step
-    if (ahead < c_end) load_record<NW>(smem + ((ahead - c_begin) % kStages) * L::kStage, record(ahead), v_block, tid);
+    if (ahead < c_end) load(smem + ((ahead - c_begin) % kStages) * L::kStage, ahead);
     cute::cp_async_fence();
     cute::cp_async_wait<kStages - 1>();
     __syncthreads();
@@ -176,24 +190,24 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     }
 
     // u[nt], o[nt]: U^T / O^T rows v0+g, v0+g+8, token columns nt*8 + 2*t4 + {0,1}.
-    const char* u0t = stage + L::kU0T + (warp * 16) * kChunk * 2;
-    const char* o0t = stage + L::kO0T + (warp * 16) * kChunk * 2;
     // U's products are on the sequential chain: two accumulators (even and odd k-steps) halve
     // the dependent HMMA chain to 4 (the chain's fixed-latency waits were ~30% of stall samples).
-    float u[2][2][4], o[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int off = ((g + 8 * half) * kChunk + nt * 8 + 2 * t4) * 2;
-        const float2 oo = unpack_bf16(*reinterpret_cast<const uint32_t*>(o0t + off));
-        u[0][nt][2 * half] = u[0][nt][2 * half + 1] = u[1][nt][2 * half] = u[1][nt][2 * half + 1] = 0.f;
-        o[nt][2 * half] = oo.x;
-        o[nt][2 * half + 1] = oo.y;
-      }
-    }
+    float u[2][2][4] = {}, o[2][4] = {}, u0[2][4] = {};
     // ldmatrix row addresses: lanes 0-7 / 8-15 / 16-23 / 24-31 give rows of the four 8x8 tiles.
     const int ld_row = (lane % 8) + ((lane / 16) * 8), ld_col = ((lane / 8) % 2) * 8;
+    if (use_u0) {  // U0^T = v^T Av^T: the same lane addresses give A = v^T (.trans) and B = Av
+      uint32_t a[4], b[4];
+      cute::SM75_U16x8_LDSM_T::copy(
+          *reinterpret_cast<const cute::uint128_t*>(stage + L::kV + ld_row * L::kVRow + (warp * 16 + ld_col) * 2),
+          a[0], a[1], a[2], a[3]);
+      cute::SM75_U32x4_LDSM_N::copy(
+          *reinterpret_cast<const cute::uint128_t*>(stage + L::kAv + ld_row * L::kSqRow + ld_col * 2),
+          b[0], b[1], b[2], b[3]);
+      Mma::fma(u0[0][0], u0[0][1], u0[0][2], u0[0][3], a[0], a[1], a[2], a[3], b[0], b[1],
+               u0[0][0], u0[0][1], u0[0][2], u0[0][3]);
+      Mma::fma(u0[1][0], u0[1][1], u0[1][2], u0[1][3], a[0], a[1], a[2], a[3], b[2], b[3],
+               u0[1][0], u0[1][1], u0[1][2], u0[1][3]);
+    }
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       uint32_t b[4];
@@ -207,7 +221,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
                uk[1][0], uk[1][1], uk[1][2], uk[1][3]);
       if (maps) continue;  // no output in the segment-map pass
       cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(stage + L::kQe + ld_row * L::kRow + (kk * 16 + ld_col) * 2),
+          *reinterpret_cast<const cute::uint128_t*>(stage + L::kQd + ld_row * L::kRow + (kk * 16 + ld_col) * 2),
           b[0], b[1], b[2], b[3]);
       Mma::fma(o[0][0], o[0][1], o[0][2], o[0][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[0], b[1],
                o[0][0], o[0][1], o[0][2], o[0][3]);
@@ -215,18 +229,14 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
                o[1][0], o[1][1], o[1][2], o[1][3]);
     }
 
-    // U = U0 - S W^T, then as the A operand (16 v x 16 tokens).
+    // U^T = U0^T - S^T W^T, then as the A operand (16 v x 16 tokens).
     uint32_t ua[4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int off = ((g + 8 * half) * kChunk + nt * 8 + 2 * t4) * 2;
-        const float2 uu = use_u0 ? unpack_bf16(*reinterpret_cast<const uint32_t*>(u0t + off)) : make_float2(0.f, 0.f);
-        ua[2 * nt + half] = pack_bf16(uu.x - (u[0][nt][2 * half] + u[1][nt][2 * half]),
-                                      uu.y - (u[0][nt][2 * half + 1] + u[1][nt][2 * half + 1]));
-      }
-    }
+      for (int half = 0; half < 2; ++half)
+        ua[2 * nt + half] = pack_bf16(u0[nt][2 * half] - (u[0][nt][2 * half] + u[1][nt][2 * half]),
+                                      u0[nt][2 * half + 1] - (u[0][nt][2 * half + 1] + u[1][nt][2 * half + 1]));
 
     // S^T <- S^T diag(gC) + U^T kr.
     const float* gc = reinterpret_cast<const float*>(stage + L::kGC);
@@ -248,7 +258,15 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       }
     }
 
-    if (!maps) {  // O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
+    if (!maps) {  // O^T += U^T M^T, then O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
+      uint32_t b[4];
+      cute::SM75_U32x4_LDSM_N::copy(
+          *reinterpret_cast<const cute::uint128_t*>(stage + L::kM + ld_row * L::kSqRow + ld_col * 2),
+          b[0], b[1], b[2], b[3]);
+      Mma::fma(o[0][0], o[0][1], o[0][2], o[0][3], ua[0], ua[1], ua[2], ua[3], b[0], b[1],
+               o[0][0], o[0][1], o[0][2], o[0][3]);
+      Mma::fma(o[1][0], o[1][1], o[1][2], o[1][3], ua[0], ua[1], ua[2], ua[3], b[2], b[3],
+               o[1][0], o[1][1], o[1][2], o[1][3]);
       auto* stage_out = reinterpret_cast<__nv_bfloat16*>(smem + L::kOut) + warp * kChunk * 16;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
