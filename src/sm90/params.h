@@ -7,7 +7,7 @@
 //   W   = (I+L)^-1 diag(b) kd          [16 x K]   so  U = Av v - W S
 //   Qd  = scale qd / ||q||             [16 x K]   so  O = Qd S + M U
 //   kr  = k * exp(G_C - G)             [16 x K]   so  S' = diag(gC) S + kr^T U
-//   Av  = (I+L)^-1 diag(b)             [16 x 16]
+//   Av  = (I+L)^-1 diag(b)             [16 x 16], as bf16 hi + lo parts (U0 = Av v to ~fp32)
 //   M   = lower_incl(scale qn kn^T * decay)  [16 x 16]
 //   gC  = exp(G_C)                     [K] fp32
 //
@@ -33,9 +33,10 @@ inline constexpr int kRecW = 0;                                 // bf16 [16][128
 inline constexpr int kRecQd = kRecW + kChunk * kHeadDim * 2;     // bf16 [16][128]
 inline constexpr int kRecKr = kRecQd + kChunk * kHeadDim * 2;    // bf16 [16][128]
 inline constexpr int kRecAv = kRecKr + kChunk * kHeadDim * 2;    // bf16 [16][16], row i = token i
-inline constexpr int kRecM = kRecAv + kChunk * kChunk * 2;       // bf16 [16][16], row i = query token i
+inline constexpr int kRecAvLo = kRecAv + kChunk * kChunk * 2;    // bf16 [16][16]: Av - bf16(Av)
+inline constexpr int kRecM = kRecAvLo + kChunk * kChunk * 2;     // bf16 [16][16], row i = query token i
 inline constexpr int kRecGC = kRecM + kChunk * kChunk * 2;       // fp32 [128]
-inline constexpr int kRecordBytes = kRecGC + kHeadDim * 4;       // 13824, a multiple of 256
+inline constexpr int kRecordBytes = kRecGC + kHeadDim * 4;       // 14336, a multiple of 256
 static_assert(kRecordBytes % 256 == 0, "records are 256-byte aligned in the workspace");
 
 /// Where each sequence starts. Fixed length: sequence n starts at token n*T of the flattened

@@ -315,9 +315,13 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
     sQd[t * kHeadDim + c] = __float2bfloat16(qd[t]);
     sKr[t * kHeadDim + c] = __float2bfloat16(sm.ki[t][c] * gC * sm.rk[t]);
   }
-  {  // Av and M: 256 entries each, two per thread (the 16x16 matrices lie past the record)
+  {  // Av (hi and lo) and M: 256 entries each, two per thread (the 16x16 matrices lie past the record)
     const int i = c / 8, j = 2 * (c % 8);
-    reinterpret_cast<uint32_t*>(st + kRecAv)[c] = pack_bf16(sm.m.Av[i][j], sm.m.Av[i][j + 1]);
+    const float a0 = sm.m.Av[i][j], a1 = sm.m.Av[i][j + 1];
+    const uint32_t hi = pack_bf16(a0, a1);
+    const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+    reinterpret_cast<uint32_t*>(st + kRecAv)[c] = hi;
+    reinterpret_cast<uint32_t*>(st + kRecAvLo)[c] = pack_bf16(a0 - h.x, a1 - h.y);
     reinterpret_cast<uint32_t*>(st + kRecM)[c] = pack_bf16(sm.m.M[i][j], sm.m.M[i][j + 1]);
   }
   reinterpret_cast<float*>(st + kRecGC)[c] = gC;

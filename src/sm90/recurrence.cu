@@ -36,7 +36,8 @@ struct Layout {
   static constexpr int kSqRow = (kChunk + 8) * 2;     // padded row of the 16x16 matrices
   static constexpr int kVRow = NW * 16 * 2 + 16;      // padded row of this block's v columns
   static constexpr int kW = 0, kQd = kMat, kKr = 2 * kMat;
-  static constexpr int kAv = 3 * kMat, kM = kAv + kChunk * kSqRow, kGC = kM + kChunk * kSqRow;
+  static constexpr int kAv = 3 * kMat, kAvLo = kAv + kChunk * kSqRow, kM = kAvLo + kChunk * kSqRow;
+  static constexpr int kGC = kM + kChunk * kSqRow;
   static constexpr int kV = kGC + kHeadDim * 4;
   static constexpr int kStage = kV + kChunk * kVRow;
   static constexpr int kOut = kStages * kStage;             // per-warp [16 tok][16 v] bf16 staging
@@ -68,19 +69,21 @@ __device__ __forceinline__ void load_record(char* smem, const char* rec, const c
   static_assert(kThreads % 16 == 0 && kPieces % kThreads == 0, "pieces must split evenly over the block");
   static_assert(kRecQd == kRecW + kChunk * kHeadDim * 2 && kRecKr == kRecQd + kChunk * kHeadDim * 2,
                 "W, Qd and kr must be contiguous in the record");
-  static_assert(kRecM == kRecAv + kChunk * kChunk * 2 && kRecGC == kRecM + kChunk * kChunk * 2,
-                "Av, M and gC must be contiguous in the record");
+  static_assert(kRecAvLo == kRecAv + kChunk * kChunk * 2 && kRecM == kRecAvLo + kChunk * kChunk * 2 &&
+                    kRecGC == kRecM + kChunk * kChunk * 2 && L::kAvLo == L::kAv + kChunk * L::kSqRow &&
+                    L::kM == L::kAvLo + kChunk * L::kSqRow && L::kGC == L::kM + kChunk * L::kSqRow,
+                "Av, Av lo, M and gC must be contiguous in the record and in shared memory");
   const char* src = rec + kRecW + tid * 16;
   char* dst = smem + L::kW + (tid / 16) * L::kRow + (tid % 16) * 16;
 #pragma unroll
   for (int it = 0; it < kPieces / kThreads; ++it)
     Copy::copy(*reinterpret_cast<const cute::uint128_t*>(src + it * kThreads * 16),
                *reinterpret_cast<cute::uint128_t*>(dst + it * (kThreads / 16) * L::kRow));
-  // Av and M (32 pieces each, two per padded row), then gC (32 pieces).
+  // Av, Av lo and M (32 pieces each, two per padded row), then gC (32 pieces).
 #pragma unroll
-  for (int i = tid; i < 96; i += kThreads) {
+  for (int i = tid; i < 128; i += kThreads) {
     const int which = i / 32, r = i % 32;
-    char* d = smem + L::kAv + which * (kChunk * L::kSqRow) + (which < 2 ? (r / 2) * L::kSqRow + (r % 2) * 16 : r * 16);
+    char* d = smem + L::kAv + which * (kChunk * L::kSqRow) + (which < 3 ? (r / 2) * L::kSqRow + (r % 2) * 16 : r * 16);
     Copy::copy(*reinterpret_cast<const cute::uint128_t*>(rec + kRecAv + i * 16), *reinterpret_cast<cute::uint128_t*>(d));
   }
   if (with_v) {  // 16 rows x NW * 32 bytes: one piece per thread
@@ -195,13 +198,20 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     float u[2][2][4] = {}, o[2][4] = {}, u0[2][4] = {};
     // ldmatrix row addresses: lanes 0-7 / 8-15 / 16-23 / 24-31 give rows of the four 8x8 tiles.
     const int ld_row = (lane % 8) + ((lane / 16) * 8), ld_col = ((lane / 8) % 2) * 8;
-    if (use_u0) {  // U0^T = v^T Av^T: the same lane addresses give A = v^T (.trans) and B = Av
+    if (use_u0) {  // U0^T = v^T (Av + Av lo)^T: the same lane addresses give A = v^T (.trans) and B = Av
       uint32_t a[4], b[4];
       cute::SM75_U16x8_LDSM_T::copy(
           *reinterpret_cast<const cute::uint128_t*>(stage + L::kV + ld_row * L::kVRow + (warp * 16 + ld_col) * 2),
           a[0], a[1], a[2], a[3]);
       cute::SM75_U32x4_LDSM_N::copy(
           *reinterpret_cast<const cute::uint128_t*>(stage + L::kAv + ld_row * L::kSqRow + ld_col * 2),
+          b[0], b[1], b[2], b[3]);
+      Mma::fma(u0[0][0], u0[0][1], u0[0][2], u0[0][3], a[0], a[1], a[2], a[3], b[0], b[1],
+               u0[0][0], u0[0][1], u0[0][2], u0[0][3]);
+      Mma::fma(u0[1][0], u0[1][1], u0[1][2], u0[1][3], a[0], a[1], a[2], a[3], b[2], b[3],
+               u0[1][0], u0[1][1], u0[1][2], u0[1][3]);
+      cute::SM75_U32x4_LDSM_N::copy(
+          *reinterpret_cast<const cute::uint128_t*>(stage + L::kAvLo + ld_row * L::kSqRow + ld_col * 2),
           b[0], b[1], b[2], b[3]);
       Mma::fma(u0[0][0], u0[0][1], u0[0][2], u0[0][3], a[0], a[1], a[2], a[3], b[0], b[1],
                u0[0][0], u0[0][1], u0[0][2], u0[0][3]);
