@@ -24,12 +24,15 @@ constexpr int64_t kMinWindowSlots = 16;
 // state-passing work (P and Q of each segment, then the segments again from their true start
 // states) plus an S-step scan, but the chain shrinks from C chunks to ~2C/S + S scan steps.
 // S is chosen so that (sequences x heads x S) blocks fill one wave of an H100/H200's 132 SMs,
-// with segments of at least 32 chunks, and only when that gives S >= 8. The plan depends on the
-// shape alone (the workspace size must), hence the fixed SM count.
+// with segments of at least 32 chunks, at most 16 of them (the scan is S sequential steps: on
+// the H200 h4_fixed_65536 took 0.927 ms with 16 segments, 0.952 with 33, 1.327 with 64), and
+// only when that gives S >= 8. The plan depends on the shape alone (the workspace size must),
+// hence the fixed SM count.
 // FLASH_KDA_SM90_SEGMENTS=S (S >= 1) forces S segments per sequence (1: off); tests use it.
 constexpr int64_t kWaveSMs = 132;
 constexpr int64_t kMinSegChunks = 32;
 constexpr int64_t kMinSegments = 8;
+constexpr int64_t kMaxSegments = 16;
 
 int64_t segments_override() {
   const char* env = std::getenv("FLASH_KDA_SM90_SEGMENTS");
@@ -66,7 +69,7 @@ Plan make_plan(const ProblemShape& p) {
   const int64_t pairs = std::max<int64_t>(p.num_seqs * p.value_heads, 1);
   int64_t segs = std::min(segments_override(), max_chunks);  // a forced count, capped
   if (segs <= 0) {
-    segs = std::min(kWaveSMs / pairs, mean_chunks / kMinSegChunks);
+    segs = std::min({kWaveSMs / pairs, mean_chunks / kMinSegChunks, kMaxSegments});
     if (segs < kMinSegments) segs = 1;
   }
   if (plan.num_windows == 1 && segs > 1 && max_chunks > 1) {

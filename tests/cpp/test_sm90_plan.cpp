@@ -50,10 +50,10 @@ struct Sm90Plan : ::testing::Test {
 TEST_F(Sm90Plan, FewHeadsLongSequencesTakeSegments) {
   const Plan h4 = make_plan(shape(1, 65536, 4));
   EXPECT_EQ(h4.num_windows, 1);
-  EXPECT_EQ(h4.max_segs, 33);  // 132 SMs / 4 (sequence, head) pairs
-  EXPECT_EQ(h4.seg_len, 125);  // ceil(4096 chunks / 33)
-  EXPECT_EQ(h4.seg_maps_bytes, size_t(2) * 32 * 4 * kStateBytes);
-  EXPECT_EQ(h4.seg_states_bytes, size_t(33) * 4 * kStateBytes);
+  EXPECT_EQ(h4.max_segs, 16);  // 132 SMs / 4 (sequence, head) pairs = 33, capped at 16
+  EXPECT_EQ(h4.seg_len, 256);  // 4096 chunks / 16
+  EXPECT_EQ(h4.seg_maps_bytes, size_t(2) * 15 * 4 * kStateBytes);
+  EXPECT_EQ(h4.seg_states_bytes, size_t(16) * 4 * kStateBytes);
   const Plan h8 = make_plan(shape(1, 32768, 8));
   EXPECT_EQ(h8.max_segs, 16);
   EXPECT_EQ(h8.seg_len, 128);
