@@ -65,7 +65,7 @@ def rerender(args) -> int:
     import datetime
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    results.setdefault("meta", {})["rendered"] = f"re-rendered from results.json with --from-json on {now}"
+    results.setdefault("meta", {})["rendered"] = f"re-rendered from {args.from_json.name} with --from-json on {now}"
     write_outputs(results, args)
     print(report.format_table(results))
     failed = any(case_failed(r) for r in results["cases"])
