@@ -155,6 +155,24 @@ struct KdaConfig {
   uint64_t seed = 1;
 };
 
+/// Points the eleven tensors of `a` at views of the given ones (HostTensor, or any type with
+/// view()), in the API's order; the flags of `a` are left as they are.
+template <typename T>
+void set_views(ForwardArgs& a, T& q, T& k, T& v, T& g, T& beta, T& out, T& A_log, T& dt_bias, T& cu_seqlens,
+               T& initial_state, T& final_state) {
+  a.q = q.view();
+  a.k = k.view();
+  a.v = v.view();
+  a.g = g.view();
+  a.beta = beta.view();
+  a.out = out.view();
+  a.A_log = A_log.view();
+  a.dt_bias = dt_bias.view();
+  a.cu_seqlens = cu_seqlens.view();
+  a.initial_state = initial_state.view();
+  a.final_state = final_state.view();
+}
+
 /// A random KDA call: owned tensors plus the flags for ForwardArgs.
 struct KdaProblem {
   KdaConfig config;
@@ -172,17 +190,7 @@ struct KdaProblem {
   /// ForwardArgs defaults for every other flag (callers adjust them).
   ForwardArgs args() {
     ForwardArgs a;
-    a.q = q.view();
-    a.k = k.view();
-    a.v = v.view();
-    a.g = g.view();
-    a.beta = beta.view();
-    a.out = out.view();
-    a.A_log = A_log.view();
-    a.dt_bias = dt_bias.view();
-    a.cu_seqlens = cu_seqlens.view();
-    a.initial_state = initial_state.view();
-    a.final_state = final_state.view();
+    set_views(a, q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state);
     a.gate = config.gate;
     a.state_layout = config.state_layout;
     a.use_beta_sigmoid = config.beta_logits;

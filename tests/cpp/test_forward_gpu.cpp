@@ -107,9 +107,7 @@ TEST_P(ForwardGpu, MatchesReference) {
   DeviceTensor q(prob.q), k(prob.k), v(prob.v), g(prob.g), beta(prob.beta), A_log(prob.A_log),
       dt_bias(prob.dt_bias), cu(prob.cu_seqlens), h0(prob.initial_state), ht(prob.final_state), out(prob.out);
   flash_kda::ForwardArgs a = prob.args();
-  a.q = q.view(); a.k = k.view(); a.v = v.view(); a.g = g.view(); a.beta = beta.view();
-  a.A_log = A_log.view(); a.dt_bias = dt_bias.view(); a.cu_seqlens = cu.view();
-  a.initial_state = h0.view(); a.final_state = ht.view(); a.out = out.view();
+  flash_kda::testing::set_views(a, q, k, v, g, beta, out, A_log, dt_bias, cu, h0, ht);
 
   const size_t ws_bytes = flash_kda::forward_workspace_size(a);
   void* ws = nullptr;

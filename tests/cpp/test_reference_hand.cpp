@@ -19,7 +19,7 @@ using flash_kda::testing::HostTensor;
 
 // B = 1, H = HV = 1: a single sequence of T tokens, inputs in fp32, results in fp64.
 struct TinyCall {
-  HostTensor q, k, v, g, beta, A_log, dt_bias, initial_state, final_state, out;
+  HostTensor q, k, v, g, beta, A_log, dt_bias, cu_seqlens, initial_state, final_state, out;  // cu_seqlens stays absent: one sequence
 
   TinyCall(int64_t T, int64_t K, int64_t V, const std::vector<double>& q_, const std::vector<double>& k_,
            const std::vector<double>& v_, const std::vector<double>& g_, const std::vector<double>& beta_,
@@ -43,16 +43,7 @@ struct TinyCall {
   // Pre-gated, no L2 norm, raw beta: the delta rule with nothing in front of it.
   ForwardArgs plain_args(double scale) {
     ForwardArgs a;
-    a.q = q.view();
-    a.k = k.view();
-    a.v = v.view();
-    a.g = g.view();
-    a.beta = beta.view();
-    a.out = out.view();
-    a.A_log = A_log.view();
-    a.dt_bias = dt_bias.view();
-    a.initial_state = initial_state.view();
-    a.final_state = final_state.view();
+    flash_kda::testing::set_views(a, q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state);
     a.gate = GateMode::PreGated;
     a.state_layout = layout_;
     a.use_qk_l2norm = false;

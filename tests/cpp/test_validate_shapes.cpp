@@ -117,35 +117,20 @@ TEST(ValidateShape, ValueHeadsNotMultipleOfHeads) {
 }
 
 TEST(ValidateShape, ZeroSizes) {
-  {
+  struct ZeroCase {
+    int64_t Spec::*size;
+    const char* argument;
+    const char* message;
+  };
+  for (const ZeroCase& z : {ZeroCase{&Spec::B, "q", "batch B = q.shape[0] must be > 0"},
+                            ZeroCase{&Spec::H, "q", "heads H = q.shape[2] must be > 0"},
+                            ZeroCase{&Spec::K, "q", "head dim K = q.shape[3] must be > 0"},
+                            ZeroCase{&Spec::HV, "v", "value heads HV = v.shape[2] must be > 0"},
+                            ZeroCase{&Spec::V, "v", "head dim V = v.shape[3] must be > 0"}}) {
     Spec s;
-    s.B = 0;
+    s.*z.size = 0;
     Call c(s);
-    expect_invalid(c.args, Target::CpuReference, "q", {"batch B = q.shape[0] must be > 0"});
-  }
-  {
-    Spec s;
-    s.H = 0;
-    Call c(s);
-    expect_invalid(c.args, Target::CpuReference, "q", {"heads H = q.shape[2] must be > 0"});
-  }
-  {
-    Spec s;
-    s.K = 0;
-    Call c(s);
-    expect_invalid(c.args, Target::CpuReference, "q", {"head dim K = q.shape[3] must be > 0"});
-  }
-  {
-    Spec s;
-    s.HV = 0;
-    Call c(s);
-    expect_invalid(c.args, Target::CpuReference, "v", {"value heads HV = v.shape[2] must be > 0"});
-  }
-  {
-    Spec s;
-    s.V = 0;
-    Call c(s);
-    expect_invalid(c.args, Target::CpuReference, "v", {"head dim V = v.shape[3] must be > 0"});
+    expect_invalid(c.args, Target::CpuReference, z.argument, {z.message});
   }
 }
 

@@ -9,7 +9,6 @@ test modules can be collected (and skipped) on a machine without them.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -345,19 +344,6 @@ def fla_skip_reason() -> Optional[str]:
     return None
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 FLA_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fla_configs.json")
 
 
@@ -412,33 +398,22 @@ def run_fla(x: Inputs):
     Returns (out bf16 [.., H, V], final_state fp32 [N, H, V, K] or None) on the device."""
     import torch
     from fla.ops.kda import chunk_kda
+    from flash_kda.bench.impls import count_flash_kda_calls, fla_flash_kda_backend
 
     pin_fla_configs()
     init = x.initial_state
     if init is not None:
         init = init.float()
-    import flash_kda
-
-    real_fwd, calls = flash_kda.fwd, []
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real_fwd(*args, **kwargs)
-
-    flash_kda.fwd = spy  # fla looks flash_kda.fwd up at call time
-    try:
-        with _env("FLA_FLASH_KDA", "0"), torch.no_grad():
-            out, final_state = chunk_kda(
-                x.q, x.k, x.v, x.g, x.beta, scale=x.scale, initial_state=init,
-                output_final_state=x.case.state is not None,
-                use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-                safe_gate=True, lower_bound=x.lower_bound, state_v_first=True,
-                cu_seqlens=None if x.cu_seqlens is None else x.cu_seqlens.long(),
-                A_log=x.A_log, dt_bias=x.dt_bias)
-    finally:
-        flash_kda.fwd = real_fwd
+    with count_flash_kda_calls() as calls, fla_flash_kda_backend(False), torch.no_grad():
+        out, final_state = chunk_kda(
+            x.q, x.k, x.v, x.g, x.beta, scale=x.scale, initial_state=init,
+            output_final_state=x.case.state is not None,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+            safe_gate=True, lower_bound=x.lower_bound, state_v_first=True,
+            cu_seqlens=None if x.cu_seqlens is None else x.cu_seqlens.long(),
+            A_log=x.A_log, dt_bias=x.dt_bias)
     # A comparison with ourselves would make the "<= 1.5 x fla" bound vacuous.
-    assert not calls, "fla dispatched to flash_kda although FLA_FLASH_KDA=0: no Triton reference"
+    assert not calls[0], "fla dispatched to flash_kda although FLA_FLASH_KDA=0: no Triton reference"
     if final_state is not None and x.case.state == "bf16":
         # fla always returns fp32; ours is stored in the caller's bf16, so compare like with like.
         final_state = final_state.to(torch.bfloat16)

@@ -9,7 +9,7 @@ import fwd_cases
 from flash_kda_bench.main import main as bench_main
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _fla_pinned():
     """fla's kernels on one configuration each (fwd_cases.pin_fla_configs): these tests check
     the benchmark's plumbing, not fla's speed, and autotuning every new shape outlasts the
