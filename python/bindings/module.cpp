@@ -1,5 +1,6 @@
-// flash_kda._core: the nanobind extension. Thin: converts DLPack arrays to TensorViews, fills a
-// ForwardArgs and calls the C++ API (include/flash_kda/forward.h). Policy that needs torch (the
+// flash_kda._core: the nanobind extension. Thin: converts DLPack arrays (or, on the fast path,
+// raw descriptions of CUDA torch tensors) to TensorViews, fills a ForwardArgs and calls the C++
+// API (include/flash_kda/forward.h). Policy that needs torch (the
 // workspace allocator, the current stream) lives in python/flash_kda/ so this module never
 // links against PyTorch.
 #include <cstdint>
@@ -102,6 +103,31 @@ void forward_py(const In& q, const In& k, const In& v, const In& g, const In& be
   forward(args, w.data, have, reinterpret_cast<Stream>(stream));
 }
 
+/// GPU forward on raw tensor descriptions (raw_view), the same order as forward_py's arrays:
+/// q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state. `alloc(nbytes)`
+/// returns a uint8 CUDA torch tensor of at least nbytes; it is kept alive until the launches
+/// are enqueued (later use is stream-ordered, as for any torch temporary).
+void forward_raw_py(const nb::tuple& raw, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
+                    uintptr_t stream) {
+  static constexpr const char* kNames[] = {"q", "k", "v", "g", "beta", "out", "A_log", "dt_bias",
+                                           "cu_seqlens", "initial_state", "final_state"};
+  constexpr size_t kCount = sizeof(kNames) / sizeof(kNames[0]);
+  if (nb::len(raw) != kCount) throw Error("forward_raw", "11 tensor descriptions");
+  TensorView v[kCount];
+  for (size_t i = 0; i < kCount; ++i) v[i] = raw_view(raw[i], kNames[i]);
+  ForwardArgs a;
+  a.q = v[0]; a.k = v[1]; a.v = v[2]; a.g = v[3]; a.beta = v[4]; a.out = v[5];
+  a.A_log = v[6]; a.dt_bias = v[7]; a.cu_seqlens = v[8]; a.initial_state = v[9]; a.final_state = v[10];
+  a.scale = scale;
+  a.lower_bound = lower_bound;
+  const size_t need = forward_workspace_size(a);  // validates: throws before any allocation
+  nb::object ws = alloc(need);
+  void* data = reinterpret_cast<void*>(nb::cast<uintptr_t>(ws.attr("data_ptr")()));
+  const size_t have = nb::cast<size_t>(ws.attr("numel")());
+  nb::gil_scoped_release release;
+  forward(a, data, have, reinterpret_cast<Stream>(stream));
+}
+
 void reference_py(const In& q, const In& k, const In& v, const In& g, const In& beta, const Out& out,
                   const OptIn& A_log, const OptIn& dt_bias, const OptIn& cu_seqlens,
                   const OptIn& initial_state, const OptOut& final_state, std::optional<double> scale,
@@ -158,6 +184,21 @@ NB_MODULE(_core, m) {
         "dt_bias"_a.none(), "cu_seqlens"_a.none(), "initial_state"_a.none(), "final_state"_a.none(),
         "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
         "flash_kda::forward on DLPack arrays; see flash_kda.fwd.");
+
+  m.def("forward_raw", &forward_raw_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
+        "flash_kda::forward on raw CUDA tensor descriptions (data_ptr, dtype code, shape, strides, "
+        "device_id) or None; flash_kda.fwd's fast path for torch tensors.");
+  {
+    nb::dict codes;  // torch dtype name -> flash_kda::DType value, for forward_raw's descriptions
+    codes["bfloat16"] = static_cast<int>(flash_kda::DType::BF16);
+    codes["float16"] = static_cast<int>(flash_kda::DType::F16);
+    codes["float32"] = static_cast<int>(flash_kda::DType::F32);
+    codes["float64"] = static_cast<int>(flash_kda::DType::F64);
+    codes["int32"] = static_cast<int>(flash_kda::DType::I32);
+    codes["int64"] = static_cast<int>(flash_kda::DType::I64);
+    codes["uint8"] = static_cast<int>(flash_kda::DType::U8);
+    m.attr("dtype_codes") = codes;
+  }
 
   m.def("reference_forward", &reference_py, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "out"_a,
         "A_log"_a.none(), "dt_bias"_a.none(), "cu_seqlens"_a.none(), "initial_state"_a.none(),

@@ -1,5 +1,7 @@
-// The one conversion from a DLPack array (numpy, torch, anything with __dlpack__) to the
-// library's TensorView. Kept apart from the module so every entry point reads arrays the same way.
+// The conversions to the library's TensorView: from a DLPack array (numpy, torch, anything with
+// __dlpack__), and from the raw description flash_kda.fwd's fast path builds from a CUDA torch
+// tensor (DLPack import costs ~5 us per tensor in torch's Python __dlpack__, eleven times a
+// call). Kept apart from the module so every entry point reads arrays the same way.
 #pragma once
 
 #include <optional>
@@ -45,6 +47,13 @@ TensorView to_view(const nb::ndarray<Ts...>& a, const char* name) {
   t.device_id = a.device_id();
   return t;
 }
+
+/// Describes a CUDA tensor from its raw description, a tuple (data_ptr, dtype, shape, strides,
+/// device_id): dtype is a flash_kda::DType value (flash_kda._core.dtype_codes), strides are in
+/// elements. None -> an absent TensorView. Throws flash_kda::Error naming `name` for a 0-d
+/// tensor, more than kMaxDims dimensions or an unknown dtype code; a malformed tuple raises
+/// nanobind's cast error (only flash_kda's own Python code builds these).
+TensorView raw_view(const nb::handle& raw, const char* name);
 
 /// Optional arrays: None -> an absent TensorView (ndim 0).
 template <typename... Ts>

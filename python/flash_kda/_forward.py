@@ -70,7 +70,8 @@ def fwd(
     if lower_bound is None:
         raise _error("lower_bound", "a float in [-5, 0) (FlashKDA's safe gate needs one), got None")
     device = getattr(q, "device", None)
-    if getattr(device, "type", None) == "cuda":
+    on_cuda = getattr(device, "type", None) == "cuda"
+    if on_cuda:
         stream = torch.cuda.current_stream(device).cuda_stream
 
         def alloc(nbytes: int) -> torch.Tensor:
@@ -83,15 +84,48 @@ def fwd(
         def alloc(nbytes: int) -> torch.Tensor:
             return torch.empty(nbytes, dtype=torch.uint8)
 
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state)
+    if on_cuda:
+        raw = _raw_descriptions(tensors, torch)
+        if raw is not None:
+            _core.forward_raw(raw, None if scale is None else float(scale), float(lower_bound), alloc, stream)
+            return
     # DLPack refuses tensors that require grad; nn.Parameters (A_log, dt_bias of fla's layer) do
     # even under inference_mode. detach() shares storage, so out/final_state are still written.
     q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state = (
-        t.detach() if getattr(t, "requires_grad", False) else t
-        for t in (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state))
+        t.detach() if getattr(t, "requires_grad", False) else t for t in tensors)
     _core.forward(
         q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
         None if scale is None else float(scale), float(lower_bound), alloc, stream,
     )
+
+
+_DTYPE_CODES: dict = {}  # torch.dtype -> flash_kda DType code (_core.dtype_codes), on first use
+
+
+def _raw_descriptions(tensors, torch) -> tuple | None:
+    """(data_ptr, dtype code, shape, strides, device index) of each tensor (None stays None) for
+    _core.forward_raw, or None when one of them is not a CUDA torch tensor of a dtype the library
+    names: that call takes the DLPack path, whose errors say what is wrong.
+
+    Why: importing a torch tensor through DLPack runs torch's Python __dlpack__ (~5 us); eleven
+    of them made flash_kda.fwd's host time ~60 us a call, more than the whole GPU time of small
+    problems (docs/perf-notes.md, v6)."""
+    if not _DTYPE_CODES:
+        for name, code in _core.dtype_codes.items():
+            _DTYPE_CODES[getattr(torch, name)] = code
+    raw = []
+    for t in tensors:
+        if t is None:
+            raw.append(None)
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            return None
+        code = _DTYPE_CODES.get(t.dtype)
+        if code is None:
+            return None
+        raw.append((t.data_ptr(), code, tuple(t.shape), t.stride(), t.get_device()))
+    return tuple(raw)
 
 
 def _error(argument: str, expected: str) -> Exception:

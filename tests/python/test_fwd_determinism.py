@@ -45,3 +45,49 @@ def test_two_calls_are_bitwise_identical(case):
     assert torch.equal(out1, out2), f"{where}: out differs between two identical calls"
     if state1 is not None:
         assert torch.equal(state1, state2), f"{where}: final_state differs between two identical calls"
+
+
+@pytest.mark.parametrize("case", CASES[2:4], ids=lambda c: c.name)
+def test_fast_path_and_dlpack_path_agree_bitwise(monkeypatch, case):
+    """flash_kda.fwd hands CUDA torch tensors to the extension as raw descriptions
+    (_core.forward_raw); anything else goes through DLPack (_core.forward). Both must describe
+    the same memory the same way: bitwise identical results, and the torch call must really
+    take the fast path."""
+    import torch
+
+    import flash_kda
+    from flash_kda import _core
+
+    x = make_inputs(case)
+    calls = []
+    real_raw = _core.forward_raw
+    monkeypatch.setattr(_core, "forward_raw", lambda *a, **kw: (calls.append(1), real_raw(*a, **kw))[1])
+    out_fast, state_fast = run_fwd(x)
+    assert calls == [1], "flash_kda.fwd on CUDA torch tensors did not take the raw-description path"
+    monkeypatch.setattr(_core, "forward_raw", real_raw)
+    # Through DLPack: the same call with every tensor wrapped in an object that only has
+    # __dlpack__ / __dlpack_device__, so the fast path cannot apply.
+    class _DLPackOnly:
+        def __init__(self, t):
+            self.t, self.device = t, t.device
+
+        def __dlpack__(self, *args, **kwargs):
+            return self.t.__dlpack__(*args, **kwargs)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    def wrap(t):
+        return None if t is None else _DLPackOnly(t)
+
+    out_dl = torch.full_like(x.v, float("nan"))
+    state_dl = None if state_fast is None else torch.full_like(state_fast, float("nan"))
+    flash_kda.fwd(wrap(x.q), wrap(x.k), wrap(x.v), wrap(x.g), wrap(x.beta), x.scale, wrap(out_dl), wrap(x.A_log),
+                  wrap(x.dt_bias), x.lower_bound, initial_state=wrap(x.initial_state), final_state=wrap(state_dl),
+                  cu_seqlens=wrap(x.cu_seqlens))
+    torch.cuda.synchronize()
+    where = f"{case.name} (seed {base_seed()})"
+    assert not torch.isnan(out_fast).any(), f"{where}: out has NaN"
+    assert torch.equal(out_fast, out_dl), f"{where}: out differs between the raw and the DLPack path"
+    if state_fast is not None:
+        assert torch.equal(state_fast, state_dl), f"{where}: final_state differs between the two paths"

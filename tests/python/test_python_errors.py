@@ -103,3 +103,27 @@ def test_fwd_requires_lower_bound():
     with pytest.raises(flash_kda.Error) as info:
         flash_kda.fwd(*args)
     assert info.value.argument == "lower_bound"
+
+
+def _raw(shape, code=0):
+    return (0, code, shape, tuple(1 for _ in shape), 0)
+
+
+@pytest.mark.parametrize("bad, argument, expected", [
+    (lambda raw: raw.__setitem__(0, _raw(())), "q", "at least one dimension"),
+    (lambda raw: raw.__setitem__(2, _raw((1, 2, 3, 4, 5))), "v", "at most 4 dimensions"),
+    (lambda raw: raw.__setitem__(4, _raw((1, 2, 3), code=99)), "beta", "a known dtype code, got 99"),
+])
+def test_raw_descriptions_are_checked_before_anything_runs(bad, argument, expected):
+    """_core.forward_raw (flash_kda.fwd's path for CUDA torch tensors) rejects a malformed
+    description with the argument's name, before validation or any allocation."""
+    from flash_kda import _core
+
+    raw = [_raw((1, 16, 2, 128)) for _ in range(6)] + [None] * 5
+    bad(raw)
+    allocs = []
+    with pytest.raises(flash_kda.Error) as info:
+        _core.forward_raw(tuple(raw), None, -5.0, lambda n: allocs.append(n), 0)
+    assert info.value.argument == argument
+    assert expected in str(info.value)
+    assert allocs == []
