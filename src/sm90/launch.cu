@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "sm90/launch.h"
@@ -48,6 +49,30 @@ struct DeviceGuard {
   }
 };
 
+// What the launch needs to know of a device, queried once per device: the forward is called once
+// per layer and step, and three driver queries a call were part of its host time.
+struct DeviceInfo {
+  int major = 0, minor = 0, num_sms = 0;
+};
+
+DeviceInfo query_device(int device) {
+  DeviceInfo d;
+  check(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return d;
+}
+
+DeviceInfo device_info(int device) {
+  constexpr int kCached = 64;
+  static DeviceInfo info[kCached];
+  static std::once_flag once[kCached];
+  if (device < 0 || device >= kCached) return query_device(device);
+  // A query that throws leaves its flag unset: the next call asks again.
+  std::call_once(once[device], [device] { info[device] = query_device(device); });
+  return info[device];
+}
+
 }  // namespace
 
 size_t workspace_bytes(const ProblemShape& p) {
@@ -59,12 +84,10 @@ size_t workspace_bytes(const ProblemShape& p) {
 void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace, size_t, Stream stream) {
   const int device = a.q.device_id;
   DeviceGuard guard(device);
-  int major = 0, minor = 0;
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
-  if (major != 9 || minor != 0)
+  const DeviceInfo info = device_info(device);
+  if (info.major != 9 || info.minor != 0)
     throw Error("q", "tensors on an sm_90 (Hopper) GPU; device " + std::to_string(device) + " is sm_" +
-                         std::to_string(major) + std::to_string(minor));
+                         std::to_string(info.major) + std::to_string(info.minor));
 
   const Plan plan = make_plan(p);
   char* records = static_cast<char*>(workspace);
@@ -103,9 +126,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   rp.final_state = a.final_state.defined() ? a.final_state.data : nullptr;
   const TensorView& st = a.initial_state.defined() ? a.initial_state : a.final_state;
   rp.state_is_f32 = st.defined() && st.dtype == DType::F32;
-  int num_sms = 0;
-  check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const int nw = pick_warps_per_block(p.num_seqs * p.value_heads, num_sms);
+  const int nw = pick_warps_per_block(p.num_seqs * p.value_heads, info.num_sms);
 
   if (plan.seg_len > 0) {  // one window: stage 1, segment maps, scan, segments from their starts
     pp.slot_begin = rp.slot_begin = 0;

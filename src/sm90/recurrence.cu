@@ -21,6 +21,7 @@
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
 
+#include "sm90/kernel_attrs.h"
 #include "sm90/params.h"
 
 namespace flash_kda::sm90 {
@@ -47,6 +48,20 @@ struct Layout {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// acc[nt] += A B_nt for the two n-tiles of a 16 x 16 bf16 B tile stored [n][k] at `tile` (rows
+// `row_bytes` apart), read with one ldmatrix.x4: lanes 0-7 / 8-15 / 16-23 / 24-31 address rows
+// ld_row of the (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) tiles.
+__device__ __forceinline__ void mma_b16x16(float (&acc)[2][4], const uint32_t (&a)[4], const char* tile, int row_bytes,
+                                           int ld_row, int ld_col) {
+  uint32_t b[4];
+  cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(tile + ld_row * row_bytes + ld_col * 2), b[0],
+                                b[1], b[2], b[3]);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+    Mma::fma(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], a[0], a[1], a[2], a[3], b[2 * nt], b[2 * nt + 1],
+             acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
 }
 
 // One chunk's record and this block's columns of its v rows into a stage buffer, as 16-byte
@@ -199,44 +214,17 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     // ldmatrix row addresses: lanes 0-7 / 8-15 / 16-23 / 24-31 give rows of the four 8x8 tiles.
     const int ld_row = (lane % 8) + ((lane / 16) * 8), ld_col = ((lane / 8) % 2) * 8;
     if (use_u0) {  // U0^T = v^T (Av + Av lo)^T: the same lane addresses give A = v^T (.trans) and B = Av
-      uint32_t a[4], b[4];
+      uint32_t a[4];
       cute::SM75_U16x8_LDSM_T::copy(
           *reinterpret_cast<const cute::uint128_t*>(stage + L::kV + ld_row * L::kVRow + (warp * 16 + ld_col) * 2),
           a[0], a[1], a[2], a[3]);
-      cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(stage + L::kAv + ld_row * L::kSqRow + ld_col * 2),
-          b[0], b[1], b[2], b[3]);
-      Mma::fma(u0[0][0], u0[0][1], u0[0][2], u0[0][3], a[0], a[1], a[2], a[3], b[0], b[1],
-               u0[0][0], u0[0][1], u0[0][2], u0[0][3]);
-      Mma::fma(u0[1][0], u0[1][1], u0[1][2], u0[1][3], a[0], a[1], a[2], a[3], b[2], b[3],
-               u0[1][0], u0[1][1], u0[1][2], u0[1][3]);
-      cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(stage + L::kAvLo + ld_row * L::kSqRow + ld_col * 2),
-          b[0], b[1], b[2], b[3]);
-      Mma::fma(u0[0][0], u0[0][1], u0[0][2], u0[0][3], a[0], a[1], a[2], a[3], b[0], b[1],
-               u0[0][0], u0[0][1], u0[0][2], u0[0][3]);
-      Mma::fma(u0[1][0], u0[1][1], u0[1][2], u0[1][3], a[0], a[1], a[2], a[3], b[2], b[3],
-               u0[1][0], u0[1][1], u0[1][2], u0[1][3]);
+      mma_b16x16(u0, a, stage + L::kAv, L::kSqRow, ld_row, ld_col);
+      mma_b16x16(u0, a, stage + L::kAvLo, L::kSqRow, ld_row, ld_col);
     }
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t b[4];
-      cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(stage + L::kW + ld_row * L::kRow + (kk * 16 + ld_col) * 2),
-          b[0], b[1], b[2], b[3]);
-      float(&uk)[2][4] = u[kk % 2];
-      Mma::fma(uk[0][0], uk[0][1], uk[0][2], uk[0][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[0], b[1],
-               uk[0][0], uk[0][1], uk[0][2], uk[0][3]);
-      Mma::fma(uk[1][0], uk[1][1], uk[1][2], uk[1][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[2], b[3],
-               uk[1][0], uk[1][1], uk[1][2], uk[1][3]);
-      if (maps) continue;  // no output in the segment-map pass
-      cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(stage + L::kQd + ld_row * L::kRow + (kk * 16 + ld_col) * 2),
-          b[0], b[1], b[2], b[3]);
-      Mma::fma(o[0][0], o[0][1], o[0][2], o[0][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[0], b[1],
-               o[0][0], o[0][1], o[0][2], o[0][3]);
-      Mma::fma(o[1][0], o[1][1], o[1][2], o[1][3], sa[kk][0], sa[kk][1], sa[kk][2], sa[kk][3], b[2], b[3],
-               o[1][0], o[1][1], o[1][2], o[1][3]);
+      mma_b16x16(u[kk % 2], sa[kk], stage + L::kW + kk * 32, L::kRow, ld_row, ld_col);
+      if (!maps) mma_b16x16(o, sa[kk], stage + L::kQd + kk * 32, L::kRow, ld_row, ld_col);  // no output in the map pass
     }
 
     // U^T = U0^T - S^T W^T, then as the A operand (16 v x 16 tokens).
@@ -269,14 +257,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     }
 
     if (!maps) {  // O^T += U^T M^T, then O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
-      uint32_t b[4];
-      cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(stage + L::kM + ld_row * L::kSqRow + ld_col * 2),
-          b[0], b[1], b[2], b[3]);
-      Mma::fma(o[0][0], o[0][1], o[0][2], o[0][3], ua[0], ua[1], ua[2], ua[3], b[0], b[1],
-               o[0][0], o[0][1], o[0][2], o[0][3]);
-      Mma::fma(o[1][0], o[1][1], o[1][2], o[1][3], ua[0], ua[1], ua[2], ua[3], b[2], b[3],
-               o[1][0], o[1][1], o[1][2], o[1][3]);
+      mma_b16x16(o, ua, stage + L::kM, L::kSqRow, ld_row, ld_col);
       auto* stage_out = reinterpret_cast<__nv_bfloat16*>(smem + L::kOut) + warp * kChunk * 16;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -338,8 +319,7 @@ template <int NW>
 cudaError_t launch(const RecurrenceParams& p, int64_t max_seqs, cudaStream_t stream) {
   constexpr int kBytes = Layout<NW>::kBytes;
   if constexpr (kBytes > 48 * 1024) {
-    // Per device and thread-safe after the first call; a failure is reported, not launched over.
-    const cudaError_t e = cudaFuncSetAttribute(recurrence_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    const cudaError_t e = allow_dynamic_smem<recurrence_kernel<NW>>(kBytes);  // a failure is reported, not launched over
     if (e != cudaSuccess) return e;
   }
   const int64_t seqs = max_seqs < p.seqs.num_seqs ? max_seqs : p.seqs.num_seqs;

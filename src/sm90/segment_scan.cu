@@ -6,6 +6,7 @@
 // over the whole sequence, so they get no bf16 rounding).
 #include <cuda_bf16.h>
 
+#include "sm90/kernel_attrs.h"
 #include "sm90/params.h"
 
 namespace flash_kda::sm90 {
@@ -80,8 +81,7 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
 }  // namespace
 
 cudaError_t launch_segment_scan(const ScanParams& p, cudaStream_t stream) {
-  const cudaError_t e =
-      cudaFuncSetAttribute(segment_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const cudaError_t e = allow_dynamic_smem<segment_scan_kernel>(kSmemBytes);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(p.seqs.num_seqs), static_cast<unsigned>(p.value_heads), kHeadDim / kRows);
   segment_scan_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);

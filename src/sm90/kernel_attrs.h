@@ -1,0 +1,29 @@
+// Kernel attributes set once per kernel and device. cudaFuncSetAttribute is a driver call, and
+// the forward runs once per layer and step: on small problems the host time per call is what
+// the caller waits for (docs/perf-notes.md, v6: ~50-70 us a call).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace flash_kda::sm90 {
+
+/// Lets `Kernel` use `bytes` of dynamic shared memory on the current device (above the 48 KB
+/// default), calling cudaFuncSetAttribute the first time per device only (devices 0-63; any
+/// other is set on every call). Returns the CUDA error of the query or the attribute call.
+template <auto Kernel>
+cudaError_t allow_dynamic_smem(int bytes) {
+  static std::atomic<uint64_t> done{0};  // one bit per device; a race only sets it twice
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess && bit != 0) done.fetch_or(bit, std::memory_order_release);
+  return e;
+}
+
+}  // namespace flash_kda::sm90
