@@ -10,8 +10,22 @@ import pytest
 import fwd_cases
 
 
+@pytest.fixture(autouse=True)
+def _fresh_pin_cache():
+    """pin_fla_configs is cached per process: these tests must not see an earlier real result,
+    nor leave their fake one to later tests in the same (xdist) worker."""
+    fwd_cases.pin_fla_configs.cache_clear()
+    yield
+    fwd_cases.pin_fla_configs.cache_clear()
+
+
 def _fake_fla_module(monkeypatch, triton):
     import triton.language as tl
+
+    # Only the fakes below may be seen: real fla modules loaded by other tests in this process
+    # would be pinned (and counted) too. monkeypatch puts them back afterwards.
+    for name in [n for n in sys.modules if n.startswith("fla.")]:
+        monkeypatch.delitem(sys.modules, name)
 
     configs = [triton.Config({"BK": 16, "BV": 16}, num_warps=2, num_stages=1),
                triton.Config({"BK": 32, "BV": 32}, num_warps=8, num_stages=2)]
@@ -42,7 +56,6 @@ def _fake_fla_module(monkeypatch, triton):
     mod2.l2norm_fwd_kernel = l2norm_fwd_kernel
     monkeypatch.setitem(sys.modules, mod2.__name__, mod2)
     mod.wrapped = l2norm_fwd_kernel
-    fwd_cases.pin_fla_configs.cache_clear()
     return mod
 
 
