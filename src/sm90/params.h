@@ -145,7 +145,9 @@ struct ScanParams {
 cudaError_t launch_prepare(const PrepareParams& p, struct CUstream_st* stream);
 /// Launches stage 2 for at most `max_seqs` sequences overlapping the window (each sequence owns
 /// at least one slot, so the window's slot count bounds it); returns the launch's error status.
-cudaError_t launch_recurrence(const RecurrenceParams& p, int warps_per_block, int64_t max_seqs,
+/// `after_prepare`: the launch directly follows launch_prepare on `stream` and becomes its
+/// programmatic dependent launch (it starts in stage 1's last wave and waits for its records).
+cudaError_t launch_recurrence(const RecurrenceParams& p, int warps_per_block, int64_t max_seqs, bool after_prepare,
                               struct CUstream_st* stream);
 /// Launches the sequential scan over segment maps, one block per (sequence, head, 16 rows).
 cudaError_t launch_segment_scan(const ScanParams& p, struct CUstream_st* stream);

@@ -156,6 +156,10 @@ __device__ __forceinline__ void tile_times(const float (*T)[kPad], int c0, int g
 // barriers, which only other resident blocks can fill.
 __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParams p) {
   __shared__ __align__(16) Smem sm;
+  // The recurrence is this kernel's programmatic dependent launch (launch.cu): once every block
+  // has started, i.e. in the last wave, its blocks may take the SMs this grid leaves idle and
+  // load their initial states; they wait for this grid's completion before reading a record.
+  cudaTriggerProgrammaticLaunchCompletion();
 
   const int c = threadIdx.x, lane = c % 32, warp = c / 32;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates

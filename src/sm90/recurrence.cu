@@ -19,6 +19,7 @@
 
 #include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm80.hpp>
+#include <cute/arch/copy_sm90.hpp>
 #include <cute/arch/mma_sm80.hpp>
 
 #include "sm90/kernel_attrs.h"
@@ -176,26 +177,49 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     }
   }
 
+  // Launched as stage 1's programmatic dependent (launch.cu): the records are complete and
+  // visible only past this wait. A no-op for an ordinary launch.
+  cudaGridDependencySynchronize();
+
+  // The next chunk to load: its record, its first row of v (this block's columns) and the
+  // tokens left from it, all advanced by one chunk per load. Incremental pointers: the index
+  // arithmetic of each step (64-bit products, the stage modulo) was ~100 of its ~380
+  // instructions per warp in the H200 profile.
   const int64_t v_row_bytes = HV * kHeadDim * 2;
-  auto load = [&](char* stage, int64_t c) {
-    const char* rec = p.records + ((first + c - p.slot_begin) * HV + hv) * int64_t(kRecordBytes);
-    const char* v_row = static_cast<const char*>(p.v) + (seq_begin + c * kChunk) * v_row_bytes + (hv * kHeadDim + v_block) * 2;
-    const int valid = static_cast<int>(min(int64_t(kChunk), seq_len - c * kChunk));
-    load_record<NW>(stage, rec, v_row, v_row_bytes, valid, use_u0, tid);
+  const char* rec_next = p.records + ((first + c_begin - p.slot_begin) * HV + hv) * int64_t(kRecordBytes);
+  const char* v_next = static_cast<const char*>(p.v) + (seq_begin + c_begin * kChunk) * v_row_bytes +
+                       (hv * kHeadDim + v_block) * 2;
+  int64_t left_next = seq_len - c_begin * kChunk;
+  auto load_next = [&](int buf) {
+    const int valid = left_next < kChunk ? static_cast<int>(left_next) : kChunk;
+    load_record<NW>(smem + buf * L::kStage, rec_next, v_next, v_row_bytes, valid, use_u0, tid);
+    rec_next += HV * int64_t(kRecordBytes);
+    v_next += kChunk * v_row_bytes;
+    left_next -= kChunk;
   };
 #pragma unroll
   for (int s0 = 0; s0 < kStages - 1; ++s0) {
-    if (c_begin + s0 < c_end) load(smem + s0 * L::kStage, c_begin + s0);
+    if (c_begin + s0 < c_end) load_next(s0);
     cute::cp_async_fence();
   }
+  // This lane's piece of the output rows (token row t = lane / 2, 16 bytes), advanced per chunk.
+  const int out_t = lane / 2;
+  __nv_bfloat16* out_next = maps ? nullptr
+      : static_cast<__nv_bfloat16*>(p.out) + ((seq_begin + c_begin * kChunk + out_t) * HV + hv) * kHeadDim + v0 +
+            (lane % 2) * 8;
+  int64_t left = seq_len - c_begin * kChunk;  // tokens from the current chunk on
 
+  int buf = 0;  // the current chunk's stage buffer
   for (int64_t c = c_begin; c < c_end; ++c) {
-    char* stage = smem + ((c - c_begin) % kStages) * L::kStage;
-    const int64_t ahead = c + kStages - 1;  // refills the buffer freed at the end of the last step
-    if (ahead < c_end) load(smem + ((ahead - c_begin) % kStages) * L::kStage, ahead);
-    cute::cp_async_fence();
-    cute::cp_async_wait<kStages - 1>();
+    char* stage = smem + buf * L::kStage;
+    // Chunk c's copies are done once at most kStages - 2 newer groups are pending; the barrier
+    // makes them visible to all warps and proves every warp is done with chunk c - 1, whose
+    // buffer (the one kStages - 1 ahead) is refilled right after it: one barrier per step.
+    cute::cp_async_wait<kStages - 2>();
     __syncthreads();
+    const int ahead_buf = buf == 0 ? kStages - 1 : buf - 1;
+    if (c + kStages - 1 < c_end) load_next(ahead_buf);
+    cute::cp_async_fence();
 
     // A operand of S^T for the 8 k-steps of 16 key channels.
     uint32_t sa[kHeadDim / 16][4];
@@ -258,27 +282,24 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
 
     if (!maps) {  // O^T += U^T M^T, then O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
       mma_b16x16(o, ua, stage + L::kM, L::kSqRow, ld_row, ld_col);
-      auto* stage_out = reinterpret_cast<__nv_bfloat16*>(smem + L::kOut) + warp * kChunk * 16;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int v = g + 8 * half, t = nt * 8 + 2 * t4;
-          stage_out[t * 16 + v] = __float2bfloat16(o[nt][2 * half]);
-          stage_out[(t + 1) * 16 + v] = __float2bfloat16(o[nt][2 * half + 1]);
-        }
+      // stmatrix.trans writes the four 8x8 tiles (token tile nt, value half h) of O^T as token
+      // rows of 16 bytes; the half is XOR-swizzled by bit 2 of the token so that the 8 rows of
+      // a tile (32 bytes apart) hit distinct banks.
+      char* stage_out = smem + L::kOut + warp * (kChunk * 32);
+      {
+        const int j = lane / 8, tok = (j / 2) * 8 + lane % 8, h = (j % 2) ^ ((tok / 4) & 1);
+        cute::SM90_U16x8_STSM_T::copy(pack_bf16(o[0][0], o[0][1]), pack_bf16(o[0][2], o[0][3]),
+                                      pack_bf16(o[1][0], o[1][1]), pack_bf16(o[1][2], o[1][3]),
+                                      *reinterpret_cast<cute::uint128_t*>(stage_out + tok * 32 + h * 16));
       }
       __syncwarp();
-      {
-        const int t = lane / 2, piece = lane % 2;
-        if (c * kChunk + t < seq_len) {
-          const int64_t tok = seq_begin + c * kChunk + t;
-          *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) + (tok * HV + hv) * kHeadDim + v0 + piece * 8) =
-              *reinterpret_cast<const uint4*>(stage_out + t * 16 + piece * 8);
-        }
-      }
+      if (out_t < left)
+        *reinterpret_cast<uint4*>(out_next) =
+            *reinterpret_cast<const uint4*>(stage_out + out_t * 32 + ((lane % 2) ^ ((out_t / 4) & 1)) * 16);
+      out_next += kChunk * HV * kHeadDim;
     }
-    __syncthreads();  // the stage buffer and the staging tile are reused next iteration
+    left -= kChunk;
+    buf = buf == kStages - 1 ? 0 : buf + 1;
   }
 
   if (maps) {  // P or Q of this segment
@@ -316,7 +337,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
 }
 
 template <int NW>
-cudaError_t launch(const RecurrenceParams& p, int64_t max_seqs, cudaStream_t stream) {
+cudaError_t launch(const RecurrenceParams& p, int64_t max_seqs, bool after_prepare, cudaStream_t stream) {
   constexpr int kBytes = Layout<NW>::kBytes;
   if constexpr (kBytes > 48 * 1024) {
     const cudaError_t e = allow_dynamic_smem<recurrence_kernel<NW>>(kBytes);  // a failure is reported, not launched over
@@ -326,18 +347,28 @@ cudaError_t launch(const RecurrenceParams& p, int64_t max_seqs, cudaStream_t str
   const bool maps = p.seg_len > 0 && p.seg_pass == kSegMaps;
   const dim3 grid(static_cast<unsigned>(seqs * (p.seg_len > 0 ? p.max_segs : 1)), static_cast<unsigned>(p.value_heads),
                   static_cast<unsigned>(kHeadDim / (NW * 16) * (maps ? 2 : 1)));
-  recurrence_kernel<NW><<<grid, NW * 32, kBytes, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(NW * 32);
+  config.dynamicSmemBytes = kBytes;
+  config.stream = stream;
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &pdl;
+  config.numAttrs = after_prepare ? 1 : 0;
+  return cudaLaunchKernelEx(&config, recurrence_kernel<NW>, p);
 }
 
 }  // namespace
 
-cudaError_t launch_recurrence(const RecurrenceParams& p, int warps_per_block, int64_t max_seqs, cudaStream_t stream) {
+cudaError_t launch_recurrence(const RecurrenceParams& p, int warps_per_block, int64_t max_seqs, bool after_prepare,
+                              cudaStream_t stream) {
   switch (warps_per_block) {
-    case 1: return launch<1>(p, max_seqs, stream);
-    case 2: return launch<2>(p, max_seqs, stream);
-    case 4: return launch<4>(p, max_seqs, stream);
-    default: return launch<8>(p, max_seqs, stream);
+    case 1: return launch<1>(p, max_seqs, after_prepare, stream);
+    case 2: return launch<2>(p, max_seqs, after_prepare, stream);
+    case 4: return launch<4>(p, max_seqs, after_prepare, stream);
+    default: return launch<8>(p, max_seqs, after_prepare, stream);
   }
 }
 
