@@ -7,14 +7,18 @@
 //   1. the chunk's q, k and g rows are staged in shared memory by 16-byte cp.async, all in
 //      flight at once (per-thread 2-byte global loads left the kernel latency-bound); then
 //      thread c owns key channel c: gate, cumulative decay G, and the decayed operands
-//      kd = k e^G, ki = k e^-G, qd = q e^G, qi = q e^-G (raw q and k: not yet normalised);
-//   2. Gram products kd ki^T (-> L), qd ki^T (-> M) and qd qi^T, whose diagonals are the
-//      squared norms ||k_t||^2 and ||q_t||^2: the L2 norms fold into row/column scales of the
-//      16x16 matrices, so no reduction over channels is needed anywhere else;
+//      kd = k e^G, ki = k e^-G, qd = q e^G (raw q and k: not yet normalised). Each warp also
+//      sums q_t^2 and k_t^2 over its 32 channels with shuffles (fp32, from the raw bf16 values);
+//   2. Gram products kd ki^T (-> L) and qd ki^T (-> M) on warps 0 and 1, while warp 3 adds the
+//      four warps' partial sums into 1 / ||q_t|| and 1 / ||k_t||: the L2 norms fold into
+//      row/column scales of the 16x16 matrices and of the record's rows;
 //   3. (I + L)^-1 by forward substitution on 16 lanes (depth 16);
 //   4. W^T = kd^T Ak^T as a [channel x token] product, warp w owning channels 32w..32w+31;
-//   5. the record (W, Qd, kr, Av, M, gC; params.h) is assembled in shared memory and written
-//      with 16-byte stores. v is not read here: the recurrence applies Av to it.
+//   5. the record (W, Qd, kr, Av, M, gC; params.h) is assembled in shared memory, its W, Qd and
+//      kr rows padded to 272 bytes (see assembled()), and written with coalesced 16-byte stores
+//      of the unpadded layout. v is not read here: the recurrence applies Av to it.
+#include <cstddef>  // offsetof
+
 #include <cuda_bf16.h>
 
 #include <cute/arch/copy_sm80.hpp>
@@ -34,26 +38,38 @@ constexpr int kThreads = kHeadDim;  // 4 warps
 constexpr int kPad = kHeadDim + 4;
 constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B fragments
 
-// Shared memory, 34 KB. The raw rows of phase 1 are staged over kd and qd (every thread reads
-// its columns before any of them is written), the 16x16 matrices live where qi was (qi is only
-// read by the Gram products), and the record is assembled over kd and qd once phase 4 is done.
+// Shared memory, 33 KB. The raw rows of phase 1 are staged over kd and qd (every thread reads
+// its columns before any of them is written), and the record is assembled over kd and qd once
+// phase 4 is done (ki and the 16x16 matrices, still read in phase 5, lie past them).
 struct Smem {
   float kd[kChunk][kPad], qd[kChunk][kPad], ki[kChunk][kPad];
-  union {
-    float qi[kChunk][kPad];
-    struct {
-      float gram[2][kChunk][kChunk + 1];  // raw kd ki^T, qd ki^T
-      float L[kChunk][kChunk + 1];        // strictly lower, normalised, times beta
-      float M[kChunk][kSq];               // M (lower incl. diagonal), normalised and scaled
-      float Ak[kChunk][kSq];              // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
-      float Av[kChunk][kSq];              // (I+L)^-1 diag(beta):         U = Av v - W S
-    } m;
-  };
+  struct {
+    float gram[2][kChunk][kChunk + 1];  // raw kd ki^T, qd ki^T
+    float L[kChunk][kChunk + 1];        // strictly lower, normalised, times beta
+    float M[kChunk][kSq];               // M (lower incl. diagonal), normalised and scaled
+    float Ak[kChunk][kSq];              // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
+    float Av[kChunk][kSq];              // (I+L)^-1 diag(beta):         U = Av v - W S
+  } m;
+  // Per warp, its 32 channels' sums of q_t^2 (row 0) and k_t^2 (row 1): phase 1 -> phase 2.
+  float sumsq[kThreads / 32][2][kChunk];
   float beta[kChunk];
   float rk[kChunk], rq[kChunk];  // 1 / ||k_t|| and 1 / ||q_t|| (eps inside the square root)
 };
-static_assert(sizeof(Smem::m) <= sizeof(Smem::qi), "16x16 matrices must fit over qi");
-static_assert(2 * sizeof(Smem::kd) >= kRecordBytes, "the record is assembled over kd and qd");
+
+// Byte offset in shared memory, relative to the assembly area, of byte b of the chunk record.
+// The record's first 48 rows (W, Qd, kr: bf16 [16][128] each, 256 bytes a row) are assembled
+// 272 = 256 + 16 bytes apart: the W stores from mma fragments (tokens 2*t4, t4 = 0..3, of 8
+// consecutive channels per store) then start 4 * 2 = 8 banks apart instead of all on the same
+// 4 banks (4-way conflicts at 256 bytes). Av, AvLo, M and gC follow them unpadded.
+__host__ __device__ constexpr int assembled(int b) { return b + 16 * ((b < kRecAv ? b : kRecAv) / 256); }
+constexpr int kAsmRow = kHeadDim + 8;  // bf16 elements per assembled W, Qd or kr row
+static_assert(kRecW == 0 && kRecAv == 3 * kChunk * kHeadDim * 2 && kRecAv % 256 == 0,
+              "W, Qd and kr are the record's first 256-byte rows");
+static_assert(assembled(kRecQd) == kChunk * kAsmRow * 2 && assembled(kRecKr) == 2 * kChunk * kAsmRow * 2,
+              "kAsmRow is the assembled row stride");
+static_assert(assembled(kRecAv) % 16 == 0, "16-byte copy-out pieces stay aligned");
+static_assert(assembled(kRecordBytes) <= offsetof(Smem, ki) && offsetof(Smem, kd) == 0,
+              "the record is assembled over kd and qd, below ki and the 16x16 matrices");
 
 // The chunk's input rows as they are in global memory: 12-16 KB.
 struct Staging {
@@ -97,6 +113,30 @@ __device__ __forceinline__ float to_tf32(float x) {
 }
 
 __device__ __forceinline__ uint32_t bits(float x) { return __float_as_uint(x); }
+
+// Reduce-scatter over the warp: returns the sum over its 32 lanes of x[lane / 2]^2 (lanes 2i
+// and 2i+1 both get token i). Each butterfly step keeps the half of the tokens selected by one
+// lane bit and sends the other half to the partner lane: xor 16 exchanges 8 values (token bit
+// 3), xor 8 4 values, xor 4 2, xor 2 1, and xor 1 completes the sum: 16 shuffles in all.
+__device__ __forceinline__ float warp_sumsq_scatter(const float (&x)[kChunk], int lane) {
+  float s[kChunk / 2];
+  {
+    const bool upper = lane & 16;
+#pragma unroll
+    for (int j = 0; j < kChunk / 2; ++j) {
+      const float lo = x[j] * x[j], hi = x[j + 8] * x[j + 8];
+      s[j] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, 16);
+    }
+  }
+#pragma unroll
+  for (int h = kChunk / 4; h >= 1; h /= 2) {  // s[0..2h) -> s[0..h), exchanging with lane ^ 2h
+    const bool upper = lane & (2 * h);
+#pragma unroll
+    for (int j = 0; j < h; ++j)
+      s[j] = (upper ? s[j + h] : s[j]) + __shfl_xor_sync(0xffffffffu, upper ? s[j] : s[j + h], 2 * h);
+  }
+  return s[0] + __shfl_xor_sync(0xffffffffu, s[0], 1);
+}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
@@ -152,7 +192,7 @@ __device__ __forceinline__ void tile_times(const float (*T)[kPad], int c0, int g
   }
 }
 
-// 6 blocks per SM (<= 80 registers, 6 x 34 KB of shared memory): phases 2-3 leave warps idle at
+// 6 blocks per SM (<= 80 registers, 6 x 33 KB of shared memory): phases 2-3 leave warps idle at
 // barriers, which only other resident blocks can fill.
 __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParams p) {
   __shared__ __align__(16) Smem sm;
@@ -202,6 +242,10 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
       q[t] = __bfloat162float(in.q[t][c]);
       k[t] = __bfloat162float(in.k[t][c]);
     }
+    {  // This warp's share of ||q_t||^2 and ||k_t||^2 (lane holds token lane / 2 of both).
+      const float sq = warp_sumsq_scatter(q, lane), sk = warp_sumsq_scatter(k, lane);
+      sm.sumsq[warp][lane % 2][lane / 2] = lane % 2 ? sk : sq;
+    }
     if (p.g_is_f32) {
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) gr[t] = in.g32[t][c];
@@ -220,33 +264,30 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
       sm.kd[t][c] = to_tf32(k[t] * e);
       sm.ki[t][c] = to_tf32(k[t] * ei);
       sm.qd[t][c] = to_tf32(q[t] * e);
-      sm.qi[t][c] = to_tf32(q[t] * ei);
     }
     gC = math::exp_fast(G);
   }
   __syncthreads();
 
-  // Phase 2: warp 0 kd ki^T, warp 1 qd ki^T, warp 2 qd qi^T (its diagonal only is used).
-  float acc[2][4];
-  if (warp < 3) gram(warp == 0 ? sm.kd : sm.qd, warp == 2 ? sm.qi : sm.ki, g, t4, acc);
-  __syncthreads();  // qi is dead: the 16x16 matrices take its place
-  const float eps = float(math::kL2NormEps);
-  if ((warp == 0 || warp == 2) && t4 == g / 2) {
-    // The Gram diagonals hold the squared norms: (g, g) in n-tile 0, (g+8, g+8) in n-tile 1.
-    float* r = warp == 0 ? sm.rk : sm.rq;
-    const bool odd = g % 2;  // selects, not a runtime index: acc must stay in registers
-    r[g] = rsqrtf((odd ? acc[0][1] : acc[0][0]) + eps);
-    r[g + 8] = rsqrtf((odd ? acc[1][3] : acc[1][2]) + eps);
-  }
-  if (warp < 2) {  // qd qi^T is only needed for its diagonal, already taken above
+  // Phase 2: warp 0 kd ki^T, warp 1 qd ki^T; warp 3 the norms (lanes 0-15 q, 16-31 k).
+  if (warp < 2) {
+    float acc[2][4];
+    gram(warp == 0 ? sm.kd : sm.qd, sm.ki, g, t4, acc);
+    float(*G3)[kChunk + 1] = sm.m.gram[warp];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      float(*G3)[kChunk + 1] = sm.m.gram[warp];
       G3[g][8 * nt + 2 * t4] = acc[nt][0];
       G3[g][8 * nt + 2 * t4 + 1] = acc[nt][1];
       G3[g + 8][8 * nt + 2 * t4] = acc[nt][2];
       G3[g + 8][8 * nt + 2 * t4 + 1] = acc[nt][3];
     }
+  } else if (warp == 3) {
+    const int which = lane / kChunk, t = lane % kChunk;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) s += sm.sumsq[w][which][t];
+    // Rows past the sequence end are zero: rsqrt(eps), finite.
+    (which ? sm.rk : sm.rq)[t] = rsqrtf(s + float(math::kL2NormEps));
   }
   __syncthreads();
 
@@ -297,11 +338,11 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
   for (int t = 0; t < kChunk; ++t) qd[t] = sm.qd[t][c] * (p.scale * sm.rq[t]);
   __syncthreads();  // kd and qd are dead: assemble the record over them
 
-  // Phase 5.
+  // Phase 5: the record is assembled with padded W, Qd and kr rows (assembled()).
   char* st = reinterpret_cast<char*>(&sm.kd[0][0]);
-  auto* sW = reinterpret_cast<__nv_bfloat16*>(st + kRecW);
-  auto* sQd = reinterpret_cast<__nv_bfloat16*>(st + kRecQd);
-  auto* sKr = reinterpret_cast<__nv_bfloat16*>(st + kRecKr);
+  auto* sW = reinterpret_cast<__nv_bfloat16*>(st + assembled(kRecW));
+  auto* sQd = reinterpret_cast<__nv_bfloat16*>(st + assembled(kRecQd));
+  auto* sKr = reinterpret_cast<__nv_bfloat16*>(st + assembled(kRecKr));
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -309,31 +350,37 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int ch = 32 * warp + 16 * mt + g + 8 * half, t = 8 * nt + 2 * t4;
-        sW[t * kHeadDim + ch] = __float2bfloat16(W[mt][nt][2 * half]);
-        sW[(t + 1) * kHeadDim + ch] = __float2bfloat16(W[mt][nt][2 * half + 1]);
+        sW[t * kAsmRow + ch] = __float2bfloat16(W[mt][nt][2 * half]);
+        sW[(t + 1) * kAsmRow + ch] = __float2bfloat16(W[mt][nt][2 * half + 1]);
       }
     }
   }
 #pragma unroll
   for (int t = 0; t < kChunk; ++t) {  // kr = ki e^{G_C} / ||k|| (ki lies past the record)
-    sQd[t * kHeadDim + c] = __float2bfloat16(qd[t]);
-    sKr[t * kHeadDim + c] = __float2bfloat16(sm.ki[t][c] * gC * sm.rk[t]);
+    sQd[t * kAsmRow + c] = __float2bfloat16(qd[t]);
+    sKr[t * kAsmRow + c] = __float2bfloat16(sm.ki[t][c] * gC * sm.rk[t]);
   }
   {  // Av (hi and lo) and M: 256 entries each, two per thread (the 16x16 matrices lie past the record)
     const int i = c / 8, j = 2 * (c % 8);
     const float a0 = sm.m.Av[i][j], a1 = sm.m.Av[i][j + 1];
     const uint32_t hi = pack_bf16(a0, a1);
     const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
-    reinterpret_cast<uint32_t*>(st + kRecAv)[c] = hi;
-    reinterpret_cast<uint32_t*>(st + kRecAvLo)[c] = pack_bf16(a0 - h.x, a1 - h.y);
-    reinterpret_cast<uint32_t*>(st + kRecM)[c] = pack_bf16(sm.m.M[i][j], sm.m.M[i][j + 1]);
+    reinterpret_cast<uint32_t*>(st + assembled(kRecAv))[c] = hi;
+    reinterpret_cast<uint32_t*>(st + assembled(kRecAvLo))[c] = pack_bf16(a0 - h.x, a1 - h.y);
+    reinterpret_cast<uint32_t*>(st + assembled(kRecM))[c] = pack_bf16(sm.m.M[i][j], sm.m.M[i][j + 1]);
   }
-  reinterpret_cast<float*>(st + kRecGC)[c] = gC;
+  reinterpret_cast<float*>(st + assembled(kRecGC))[c] = gC;
   __syncthreads();
 
+  // Consecutive threads store consecutive 16-byte pieces of the (unpadded) record; each group
+  // of 8 lanes reads 128 contiguous bytes of one assembled row, so the reads are conflict-free.
   char* rec = p.records + ((slot - p.slot_begin) * p.value_heads + hv) * int64_t(kRecordBytes);
-  for (int i = c; i < kRecordBytes / 16; i += kThreads)
-    reinterpret_cast<uint4*>(rec)[i] = reinterpret_cast<const uint4*>(st)[i];
+  static_assert(kRecordBytes % (16 * kThreads) == 0, "every thread stores the same number of pieces");
+#pragma unroll
+  for (int n = 0; n < kRecordBytes / (16 * kThreads); ++n) {
+    const int i = c + n * kThreads;
+    reinterpret_cast<uint4*>(rec)[i] = *reinterpret_cast<const uint4*>(st + assembled(16 * i));
+  }
 }
 
 }  // namespace
