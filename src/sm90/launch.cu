@@ -138,7 +138,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
     rp.seg_states = seg_states;
     check(launch_prepare(pp, stream), "prepare kernel launch");
     rp.seg_pass = kSegMaps;
-    check(launch_recurrence(rp, 8, plan.total_slots, true, stream), "segment maps launch");
+    check(launch_recurrence(rp, {8, plan.total_slots, true, info.num_sms}, stream), "segment maps launch");
     ScanParams sp{};
     sp.seqs = seqs;
     sp.value_heads = rp.value_heads;
@@ -150,7 +150,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
     sp.state_is_f32 = rp.state_is_f32;
     check(launch_segment_scan(sp, stream), "segment scan launch");
     rp.seg_pass = kSegFinish;
-    check(launch_recurrence(rp, 8, plan.total_slots, false, stream), "segment finish launch");
+    check(launch_recurrence(rp, {8, plan.total_slots, false, info.num_sms}, stream), "segment finish launch");
     return;
   }
   for (int64_t w = 0; w < plan.num_windows; ++w) {
@@ -161,7 +161,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
     rp.carry_in = carry + (w % 2) * carry_elems;
     rp.carry_out = carry + ((w + 1) % 2) * carry_elems;
     check(launch_prepare(pp, stream), "prepare kernel launch");
-    check(launch_recurrence(rp, nw, plan.window_slots, true, stream), "recurrence kernel launch");
+    check(launch_recurrence(rp, {nw, plan.window_slots, true, info.num_sms}, stream), "recurrence kernel launch");
   }
 }
 

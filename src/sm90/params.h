@@ -143,12 +143,16 @@ struct ScanParams {
 
 /// Launches stage 1 over the window's slots; returns the launch's error status.
 cudaError_t launch_prepare(const PrepareParams& p, struct CUstream_st* stream);
-/// Launches stage 2 for at most `max_seqs` sequences overlapping the window (each sequence owns
-/// at least one slot, so the window's slot count bounds it); returns the launch's error status.
-/// `after_prepare`: the launch directly follows launch_prepare on `stream` and becomes its
-/// programmatic dependent launch (it starts in stage 1's last wave and waits for its records).
-cudaError_t launch_recurrence(const RecurrenceParams& p, int warps_per_block, int64_t max_seqs, bool after_prepare,
-                              struct CUstream_st* stream);
+/// How stage 2 is launched.
+struct RecurrenceLaunch {
+  int warps_per_block = 8;   // 1, 2, 4 or 8: 16 value columns per warp
+  int64_t max_seqs = 0;      // sequences overlapping the window at most (each owns >= 1 slot)
+  bool after_prepare = false;  // directly follows launch_prepare on the stream: launched as its
+                               // programmatic dependent (starts in stage 1's last wave)
+  int num_sms = 0;           // a grid of at most this many blocks gets one block per SM
+};
+/// Launches stage 2 over the window's sequences; returns the launch's error status.
+cudaError_t launch_recurrence(const RecurrenceParams& p, const RecurrenceLaunch& how, struct CUstream_st* stream);
 /// Launches the sequential scan over segment maps, one block per (sequence, head, 16 rows).
 cudaError_t launch_segment_scan(const ScanParams& p, struct CUstream_st* stream);
 

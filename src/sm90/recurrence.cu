@@ -29,7 +29,7 @@ namespace flash_kda::sm90 {
 namespace {
 
 using Mma = cute::SM80_16x8x16_F32BF16BF16F32_TN;
-constexpr int kStages = 4;
+constexpr int kStages = 5;
 
 template <int NW>
 struct Layout {
@@ -231,10 +231,22 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       sa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
 
+    // S^T diag(gC), the first half of the state update, right away: the old S is in sa now,
+    // and these 64 multiplies (and the gC loads) fill the waits of the U chain below instead of
+    // stalling in front of the update's MMAs (H200 profile, v8: ~15% of stall samples).
+    {
+      const float* gc = reinterpret_cast<const float*>(stage + L::kGC);
+#pragma unroll
+      for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+        const float2 d = *reinterpret_cast<const float2*>(gc + nt * 8 + 2 * t4);
+        s[nt][0] *= d.x; s[nt][1] *= d.y; s[nt][2] *= d.x; s[nt][3] *= d.y;
+      }
+    }
+
     // u[nt], o[nt]: U^T / O^T rows v0+g, v0+g+8, token columns nt*8 + 2*t4 + {0,1}.
-    // U's products are on the sequential chain: two accumulators (even and odd k-steps) halve
-    // the dependent HMMA chain to 4 (the chain's fixed-latency waits were ~30% of stall samples).
-    float u[2][2][4] = {}, o[2][4] = {}, u0[2][4] = {};
+    // Two accumulators each (even and odd k-steps) halve the dependent HMMA chains to 4: U's is
+    // the sequential chain, and fixed-latency waits were ~30% of stall samples.
+    float u[2][2][4] = {}, o[2][2][4] = {}, u0[2][4] = {};
     // ldmatrix row addresses: lanes 0-7 / 8-15 / 16-23 / 24-31 give rows of the four 8x8 tiles.
     const int ld_row = (lane % 8) + ((lane / 16) * 8), ld_col = ((lane / 8) % 2) * 8;
     if (use_u0) {  // U0^T = v^T (Av + Av lo)^T: the same lane addresses give A = v^T (.trans) and B = Av
@@ -248,7 +260,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       mma_b16x16(u[kk % 2], sa[kk], stage + L::kW + kk * 32, L::kRow, ld_row, ld_col);
-      if (!maps) mma_b16x16(o, sa[kk], stage + L::kQd + kk * 32, L::kRow, ld_row, ld_col);  // no output in the map pass
+      if (!maps) mma_b16x16(o[kk % 2], sa[kk], stage + L::kQd + kk * 32, L::kRow, ld_row, ld_col);  // no output in the map pass
     }
 
     // U^T = U0^T - S^T W^T, then as the A operand (16 v x 16 tokens).
@@ -260,8 +272,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         ua[2 * nt + half] = pack_bf16(u0[nt][2 * half] - (u[0][nt][2 * half] + u[1][nt][2 * half]),
                                       u0[nt][2 * half + 1] - (u[0][nt][2 * half + 1] + u[1][nt][2 * half + 1]));
 
-    // S^T <- S^T diag(gC) + U^T kr.
-    const float* gc = reinterpret_cast<const float*>(stage + L::kGC);
+    // S^T <- S^T diag(gC) + U^T kr (the diag(gC) product is done above).
     // .trans tiles: lanes 0-7 tokens 0-7, 8-15 tokens 8-15, 16-31 the same for key columns +8.
     const int tr_row = lane % 16, tr_col = (lane / 16) * 8;
 #pragma unroll
@@ -273,23 +284,25 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int nt = 2 * np + h;
-        const float2 d = *reinterpret_cast<const float2*>(gc + nt * 8 + 2 * t4);
-        s[nt][0] *= d.x; s[nt][1] *= d.y; s[nt][2] *= d.x; s[nt][3] *= d.y;
         Mma::fma(s[nt][0], s[nt][1], s[nt][2], s[nt][3], ua[0], ua[1], ua[2], ua[3], b[2 * h], b[2 * h + 1],
                  s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
       }
     }
 
     if (!maps) {  // O^T += U^T M^T, then O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
-      mma_b16x16(o, ua, stage + L::kM, L::kSqRow, ld_row, ld_col);
+      mma_b16x16(o[0], ua, stage + L::kM, L::kSqRow, ld_row, ld_col);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) o[0][nt][r] += o[1][nt][r];
       // stmatrix.trans writes the four 8x8 tiles (token tile nt, value half h) of O^T as token
       // rows of 16 bytes; the half is XOR-swizzled by bit 2 of the token so that the 8 rows of
       // a tile (32 bytes apart) hit distinct banks.
       char* stage_out = smem + L::kOut + warp * (kChunk * 32);
       {
         const int j = lane / 8, tok = (j / 2) * 8 + lane % 8, h = (j % 2) ^ ((tok / 4) & 1);
-        cute::SM90_U16x8_STSM_T::copy(pack_bf16(o[0][0], o[0][1]), pack_bf16(o[0][2], o[0][3]),
-                                      pack_bf16(o[1][0], o[1][1]), pack_bf16(o[1][2], o[1][3]),
+        cute::SM90_U16x8_STSM_T::copy(pack_bf16(o[0][0][0], o[0][0][1]), pack_bf16(o[0][0][2], o[0][0][3]),
+                                      pack_bf16(o[0][1][0], o[0][1][1]), pack_bf16(o[0][1][2], o[0][1][3]),
                                       *reinterpret_cast<cute::uint128_t*>(stage_out + tok * 32 + h * 16));
       }
       __syncwarp();
@@ -336,39 +349,44 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   }
 }
 
+// Dynamic shared memory that keeps a second block off the SM (sm_90: 228 KB per SM, 1 KB of it
+// reserved per block). A one-wave grid wants one block per SM: with the programmatic launch
+// its blocks are placed while stage 1's last wave still runs, and two of them on one SM (each
+// fits twice) would run their chains at half pace while other SMs idle.
+constexpr int kOnePerSmBytes = 116 * 1024;
+
 template <int NW>
-cudaError_t launch(const RecurrenceParams& p, int64_t max_seqs, bool after_prepare, cudaStream_t stream) {
+cudaError_t launch(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaStream_t stream) {
   constexpr int kBytes = Layout<NW>::kBytes;
-  if constexpr (kBytes > 48 * 1024) {
-    const cudaError_t e = allow_dynamic_smem<recurrence_kernel<NW>>(kBytes);  // a failure is reported, not launched over
-    if (e != cudaSuccess) return e;
-  }
-  const int64_t seqs = max_seqs < p.seqs.num_seqs ? max_seqs : p.seqs.num_seqs;
+  constexpr int kMaxBytes = kBytes > kOnePerSmBytes ? kBytes : kOnePerSmBytes;
+  const cudaError_t e = allow_dynamic_smem<recurrence_kernel<NW>>(kMaxBytes);  // a failure is reported, not launched over
+  if (e != cudaSuccess) return e;
+  const int64_t seqs = how.max_seqs < p.seqs.num_seqs ? how.max_seqs : p.seqs.num_seqs;
   const bool maps = p.seg_len > 0 && p.seg_pass == kSegMaps;
   const dim3 grid(static_cast<unsigned>(seqs * (p.seg_len > 0 ? p.max_segs : 1)), static_cast<unsigned>(p.value_heads),
                   static_cast<unsigned>(kHeadDim / (NW * 16) * (maps ? 2 : 1)));
+  const bool one_wave = int64_t(grid.x) * grid.y * grid.z <= how.num_sms;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(NW * 32);
-  config.dynamicSmemBytes = kBytes;
+  config.dynamicSmemBytes = one_wave ? kMaxBytes : kBytes;
   config.stream = stream;
   cudaLaunchAttribute pdl{};
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &pdl;
-  config.numAttrs = after_prepare ? 1 : 0;
+  config.numAttrs = how.after_prepare ? 1 : 0;
   return cudaLaunchKernelEx(&config, recurrence_kernel<NW>, p);
 }
 
 }  // namespace
 
-cudaError_t launch_recurrence(const RecurrenceParams& p, int warps_per_block, int64_t max_seqs, bool after_prepare,
-                              cudaStream_t stream) {
-  switch (warps_per_block) {
-    case 1: return launch<1>(p, max_seqs, after_prepare, stream);
-    case 2: return launch<2>(p, max_seqs, after_prepare, stream);
-    case 4: return launch<4>(p, max_seqs, after_prepare, stream);
-    default: return launch<8>(p, max_seqs, after_prepare, stream);
+cudaError_t launch_recurrence(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaStream_t stream) {
+  switch (how.warps_per_block) {
+    case 1: return launch<1>(p, how, stream);
+    case 2: return launch<2>(p, how, stream);
+    case 4: return launch<4>(p, how, stream);
+    default: return launch<8>(p, how, stream);
   }
 }
 
