@@ -3,7 +3,8 @@
 # per kernel the warp-state (stall reason) and source-counter sections, and the SASS of the
 # recurrence with its per-instruction stall samples, as text small enough to read back.
 #   scripts/profile.sh [--T 1024 --heads 4 ...]   (arguments go to scripts/profile_case.py)
-# Output: $OUT (or ./profile-out)/{details.txt,recurrence-sass.csv,prepare-sass.csv}.
+# Output: $OUT (or ./profile-out)/{details.txt,recurrence-sass.csv,prepare-sass.csv} and their
+# summaries (scripts/profile_summary.py: stall reasons, opcodes, hottest instructions), printed last.
 # ncu runs with --clock-control none: leave the card's clocks as they are.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -23,3 +24,6 @@ for k in recurrence prepare; do
     >"$dest/$k-sass.csv" 2>&1 || echo "profile: no source page for $k (see $dest/$k-sass.csv)"
 done
 grep -E "^  [a-z_:]+kernel|Duration|Warp Cycles Per Issued|Stall|Achieved Occupancy|Registers" "$dest/details.txt" | head -60
+for k in recurrence prepare; do  # stall reasons, opcodes and hottest instructions of each kernel
+  "$PY" scripts/profile_summary.py "$dest/$k-sass.csv" --top 12 >"$dest/$k-summary.txt" 2>&1 && cat "$dest/$k-summary.txt"
+done
