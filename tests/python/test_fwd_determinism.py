@@ -27,6 +27,17 @@ def _dirty_the_allocator(nbytes: int) -> None:
     del junk
 
 
+def _assert_same_bits(case, first, second, how: str):
+    """first and second are (out, final_state or None) of two calls: no NaN, bitwise equal."""
+    import torch
+
+    where = f"{case.name} (seed {base_seed()})"
+    assert not torch.isnan(first[0]).any(), f"{where}: out has NaN"
+    assert torch.equal(first[0], second[0]), f"{where}: out differs {how}"
+    if first[1] is not None:
+        assert torch.equal(first[1], second[1]), f"{where}: final_state differs {how}"
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_two_calls_are_bitwise_identical(case):
     import torch
@@ -40,11 +51,7 @@ def test_two_calls_are_bitwise_identical(case):
     with torch.cuda.stream(side):
         out2, state2 = run_fwd(x)
     torch.cuda.synchronize()
-    where = f"{case.name} (seed {base_seed()})"
-    assert not torch.isnan(out1).any(), f"{where}: out has NaN"
-    assert torch.equal(out1, out2), f"{where}: out differs between two identical calls"
-    if state1 is not None:
-        assert torch.equal(state1, state2), f"{where}: final_state differs between two identical calls"
+    _assert_same_bits(case, (out1, state1), (out2, state2), "between two identical calls")
 
 
 @pytest.mark.parametrize("case", CASES[2:4], ids=lambda c: c.name)
@@ -86,8 +93,4 @@ def test_fast_path_and_dlpack_path_agree_bitwise(monkeypatch, case):
                   wrap(x.dt_bias), x.lower_bound, initial_state=wrap(x.initial_state), final_state=wrap(state_dl),
                   cu_seqlens=wrap(x.cu_seqlens))
     torch.cuda.synchronize()
-    where = f"{case.name} (seed {base_seed()})"
-    assert not torch.isnan(out_fast).any(), f"{where}: out has NaN"
-    assert torch.equal(out_fast, out_dl), f"{where}: out differs between the raw and the DLPack path"
-    if state_fast is not None:
-        assert torch.equal(state_fast, state_dl), f"{where}: final_state differs between the two paths"
+    _assert_same_bits(case, (out_fast, state_fast), (out_dl, state_dl), "between the raw and the DLPack path")
