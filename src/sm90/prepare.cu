@@ -33,8 +33,10 @@ namespace {
 using MmaTf32 = cute::SM80_16x8x8_F32TF32TF32F32_TN;
 
 constexpr int kThreads = kHeadDim;  // 4 warps
-// Row stride of the [16][128] fp32 operand tiles: 132 = 4 (mod 32) makes every mma fragment
-// load (lanes g = 0..7, t4 = 0..3 reading row g, column t4, or the transpose) hit 32 banks.
+// Row stride of the [16][128] fp32 operand tiles: 132 = 4 (mod 32) makes the Gram products'
+// fragment loads (lanes g = 0..7, t4 = 0..3 reading row g, column t4) hit 32 banks. Phase 4's
+// transposed reads (row t4, column g: bank 4 t4 + g) are 2-way conflicted (~64 wavefronts a
+// record; a swizzle would fix them, the tile is read both ways).
 constexpr int kPad = kHeadDim + 4;
 constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B fragments
 
