@@ -79,6 +79,12 @@ class Case:
     dt_bias_signs: bool = False
     g_std: float = 1.0
     cu_dtype: str = "int64"
+    value_heads: int = 0          # HV (GVA: a multiple of heads); 0 means HV = heads
+    gate_dtype: str = "bf16"      # dtype of g and beta: "bf16" or "fp32"
+
+    @property
+    def hv(self) -> int:
+        return self.value_heads or self.heads
 
     @property
     def varlen(self) -> bool:
@@ -125,14 +131,16 @@ def make_inputs(case: Case, device: str = "cuda", seed: Optional[int] = None) ->
     """Draws fresh random inputs for `case` on `device` (never zeros: normal and uniform draws).
 
     q, k, v ~ N(0, 1), g ~ N(0, g_std^2) (raw gate), beta ~ N(0, 1) (logits), initial_state
-    ~ N(0, 1), all bf16 except A_log, dt_bias (fp32) and fp32 states. Deterministic in `seed`
-    (default case.seed()) on a given device.
+    ~ N(0, 1), all bf16 except A_log, dt_bias (fp32), fp32 states and, with gate_dtype="fp32",
+    g and beta. q and k have case.heads heads, everything else case.hv (GVA). Deterministic in
+    `seed` (default case.seed()) on a given device.
     """
     import torch
 
     # Drawn on `device` itself: a 1M-token x 96-head input must not pass through host memory.
     gen = torch.Generator(device=device).manual_seed(case.seed() if seed is None else seed)
-    H, D = case.heads, HEAD_DIM
+    H, HV, D = case.heads, case.hv, HEAD_DIM
+    gate_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[case.gate_dtype]
     if case.varlen:
         lead = (1, case.total_tokens)
         starts = [0]
@@ -154,20 +162,20 @@ def make_inputs(case: Case, device: str = "cuda", seed: Optional[int] = None) ->
 
     q = randn((*lead, H, D))
     k = randn((*lead, H, D))
-    v = randn((*lead, H, D))
-    g = randn((*lead, H, D), std=case.g_std)
-    beta = randn((*lead, H))
-    A_log = torch.log(uniform((H,), *case.decay_range)).to(device=device, dtype=torch.float32)
+    v = randn((*lead, HV, D))
+    g = randn((*lead, HV, D), std=case.g_std, dtype=gate_dtype)
+    beta = randn((*lead, HV), dtype=gate_dtype)
+    A_log = torch.log(uniform((HV,), *case.decay_range)).to(device=device, dtype=torch.float32)
     if case.dt_bias_signs:
-        signs = torch.randint(0, 2, (H, D), generator=gen, device=device).to(torch.float64) * 2 - 1
+        signs = torch.randint(0, 2, (HV, D), generator=gen, device=device).to(torch.float64) * 2 - 1
         dt_bias = signs * case.dt_bias_range[1]
     else:
-        dt_bias = uniform((H, D), *case.dt_bias_range)
+        dt_bias = uniform((HV, D), *case.dt_bias_range)
     dt_bias = dt_bias.to(device=device, dtype=torch.float32)
     initial_state = None
     if case.state is not None and case.with_initial:
         sdtype = torch.bfloat16 if case.state == "bf16" else torch.float32
-        initial_state = randn((case.num_seqs, H, D, D), dtype=sdtype)
+        initial_state = randn((case.num_seqs, HV, D, D), dtype=sdtype)
     return Inputs(case=case, q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
                   scale=D ** -0.5, lower_bound=case.lower_bound, cu_seqlens=cu_seqlens,
                   initial_state=initial_state, starts=starts)
@@ -181,7 +189,7 @@ def new_outputs(x: Inputs, fill: float = float("nan")):
     out = torch.full_like(x.v, fill)
     final_state = None
     if x.case.state is not None:
-        final_state = torch.full((x.case.num_seqs, x.case.heads, HEAD_DIM, HEAD_DIM), fill,
+        final_state = torch.full((x.case.num_seqs, x.case.hv, HEAD_DIM, HEAD_DIM), fill,
                                  dtype=x.state_dtype, device=x.v.device)
     return out, final_state
 
@@ -209,7 +217,7 @@ class Sample:
 
     Heads are independent and so are sequences, so the reference evaluated on the sliced
     inputs equals the slice of the reference on the whole problem; that keeps the fp64 CPU
-    cost of H = 96 or 1M-token cases small."""
+    cost of H = 96 or 1M-token cases small. Head slices need HV = H (no GVA)."""
 
     heads: Optional[tuple] = None
     seqs: Optional[tuple] = None
