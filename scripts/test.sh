@@ -22,8 +22,8 @@ if ! "$py" -c "import flash_kda" 2>/dev/null; then
   echo "scripts/test.sh: the flash_kda package is not installed; run 'pip install .' first" >&2
   exit 1
 fi
-if ! "$py" -c "import pytest" 2>/dev/null; then
-  echo "scripts/test.sh: pytest is not installed for $py; run '$py -m pip install pytest'" >&2
+if ! err=$("$py" -c "import pytest" 2>&1); then
+  echo "scripts/test.sh: pytest does not import for $py (run '$py -m pip install pytest'): ${err##*$'\n'}" >&2
   exit 1
 fi
 # Counts come from these files: never report a previous run's.

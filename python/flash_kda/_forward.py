@@ -31,24 +31,27 @@ def fwd(
     normalisation, the safe gate ``a = lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` and
     ``b = sigmoid(beta)`` fused in, and writes ``out`` (and ``final_state``) in place.
 
-    Args (B batch, T tokens, H heads, K = V = 128; varlen: B = 1, T = total tokens, N sequences):
+    Args (B batch, T tokens, H q/k heads, HV value heads, a multiple of H (GVA: value head hv
+    reads q/k head hv // (HV / H); HV = H is plain multi-head), K = V = 128; varlen: B = 1,
+    T = total tokens, N sequences):
         q, k: bf16 [B, T, H, K], raw (normalised inside).
-        v: bf16 [B, T, H, V].
-        g: bf16 [B, T, H, K], raw gate input.
-        beta: bf16 [B, T, H], logits.
+        v: bf16 [B, T, HV, V].
+        g: bf16 or fp32 [B, T, HV, K], raw gate input.
+        beta: bf16 or fp32 [B, T, HV], logits.
         scale: output scale; None means K**-0.5.
-        out: bf16 [B, T, H, V], written.
-        A_log: fp32 [H]. dt_bias: fp32 [H, K] (or flat [H*K]).
+        out: bf16 [B, T, HV, V], written.
+        A_log: fp32 [HV]. dt_bias: fp32 [HV, K] (or flat [HV*K]).
         lower_bound: safe-gate floor in natural-log units, in [-5, 0).
-        initial_state: optional bf16 or fp32 [N, H, V, K] (v-first, i.e. S transposed); zero if None.
-        final_state: optional [N, H, V, K], same dtype as initial_state when both given; written.
+        initial_state: optional bf16 or fp32 [N, HV, V, K] (v-first, i.e. S transposed); zero if None.
+        final_state: optional [N, HV, V, K], same dtype as initial_state when both given; written.
         cu_seqlens: optional int64/int32 [N + 1] on the GPU, cumulative sequence starts:
             cu[0] = 0, non-decreasing, cu[N] = B*T. Its values are not checked (that would
             need a device-to-host copy and a sync); bad values are clamped to [0, B*T] on the
             device and give unspecified results (for the bad sequences and any rows their
             clamped ranges overlap), never an access outside the tensors.
 
-    All tensors contiguous and on one CUDA device. Runs asynchronously on
+    All tensors contiguous, on one CUDA device, with 16-byte aligned data (a view that starts
+    mid-row of a larger tensor may not be). Runs asynchronously on
     ``torch.cuda.current_stream(q.device)``; the scratch workspace comes from
     ``torch.empty(..., dtype=torch.uint8, device=q.device)`` (PyTorch's caching allocator), so the
     call may be captured in a CUDA graph. Inputs are never modified.

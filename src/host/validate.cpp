@@ -169,8 +169,8 @@ void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
     throw Error("gate", "expected SafeSigmoid, Softplus or PreGated, got value " + std::to_string(static_cast<int>(a.gate)));
   if (a.gate == GateMode::PreGated) {
     // Silently ignoring them would hide a caller who believes the gate is being applied.
-    if (a.A_log.defined()) throw Error("A_log", "is unused with GateMode::PreGated (a = g); pass an absent tensor");
-    if (a.dt_bias.defined()) throw Error("dt_bias", "is unused with GateMode::PreGated (a = g); pass an absent tensor");
+    if (a.A_log.defined()) throw Error("A_log", "is unused with GateMode::PreGated (gate=\"none\" in Python: a = g); pass an absent tensor");
+    if (a.dt_bias.defined()) throw Error("dt_bias", "is unused with GateMode::PreGated (gate=\"none\" in Python: a = g); pass an absent tensor");
   }
   if (target == Target::Sm90 && a.gate == GateMode::SafeSigmoid) {
     if (!a.A_log.defined()) throw Error("A_log", "is required by the Sm90 safe gate (fp32 [HV]), got an absent tensor");

@@ -92,7 +92,8 @@ def write_partial(results: dict, args) -> None:
 def write_outputs(results: dict, args) -> None:
     """results.json, results.md and (unless --no-plot or no cases) chart.png in --out-dir;
     the Markdown at --markdown PATH (linking that chart); with --write-record,
-    BENCHMARK_H200.md and its chart BENCHMARK_H200.png at the repository root."""
+    BENCHMARK_H200.md, .png and .json at the root of the checkout flash_kda runs from (an
+    editable install), else in the current folder (cli.repo_root)."""
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "results.json", out / "results.md"]
