@@ -154,7 +154,18 @@ Case no_state() {
   return c;
 }
 
-INSTANTIATE_TEST_SUITE_P(Sm90, ForwardGpu, ::testing::Values(fixed_fp32_state(), varlen_bf16_state(), no_state()),
+Case gva_fp32_state() {  // value head hv reads q/k head hv / (HV / H)
+  Case c{"gva_H1_HV4_fixed_B2_T70_fp32", {}};
+  c.config.batch = 2;
+  c.config.seqlen = 70;
+  c.config.heads = 1;
+  c.config.value_heads = 4;
+  c.config.state_dtype = DType::F32;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sm90, ForwardGpu,
+                         ::testing::Values(fixed_fp32_state(), varlen_bf16_state(), no_state(), gva_fp32_state()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace
