@@ -12,7 +12,8 @@ namespace flash_kda::sm90 {
 
 /// Lets `Kernel` use `bytes` of dynamic shared memory on the current device (above the 48 KB
 /// default), calling cudaFuncSetAttribute the first time per device only (devices 0-63; any
-/// other is set on every call). Returns the CUDA error of the query or the attribute call.
+/// other is set on every call), so the first `bytes` sticks: pass the kernel's largest size,
+/// the same on every call. Returns the CUDA error of the query or the attribute call.
 template <auto Kernel>
 cudaError_t allow_dynamic_smem(int bytes) {
   static std::atomic<uint64_t> done{0};  // one bit per device; a race only sets it twice
