@@ -21,19 +21,17 @@ void check(cudaError_t e, const char* what) {
     throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
 }
 
-// Value columns per block (x16 per warp). A chunk step costs about the same with 1 or 8 warps
-// (docs/perf-notes.md, v3), so the block count is what matters: 8 warps (one block per sequence
-// and head, sharing one record load) unless that leaves most SMs idle, then 4 or 2 warps so
-// that (sequences x heads x blocks per head) still fits the SMs in one wave.
-// FLASH_KDA_SM90_WARPS=1|2|4|8 overrides it (tuning sweeps and tests).
+// Value columns per block (x16 per warp, whole warpgroups of 64). A chunk step costs about the
+// same for one or two warpgroups, so the block count is what matters: 8 warps (one block per
+// sequence and head, sharing one record load) unless that leaves most SMs idle, then 4 so that
+// (sequences x heads x 2) blocks still fit the SMs in one wave.
+// FLASH_KDA_SM90_WARPS=4|8 overrides it (tuning sweeps and tests).
 int pick_warps_per_block(int64_t seq_heads, int num_sms) {
   if (const char* env = std::getenv("FLASH_KDA_SM90_WARPS")) {
     const int w = std::atoi(env);
-    if (w == 1 || w == 2 || w == 4 || w == 8) return w;
+    if (w == 4 || w == 8) return w;
   }
-  if (seq_heads * 4 <= num_sms) return 2;
-  if (seq_heads * 2 <= num_sms) return 4;
-  return 8;
+  return seq_heads * 2 <= num_sms ? 4 : 8;
 }
 
 // Makes `device` current for the launches and restores the caller's device afterwards.

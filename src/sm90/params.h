@@ -28,16 +28,27 @@ namespace flash_kda::sm90 {
 inline constexpr int kChunk = 16;     // tokens per chunk (FlashKDA's C)
 inline constexpr int kHeadDim = 128;  // K = V = 128 in this kernel family
 
-// Chunk record: byte offsets inside one (slot, value head) record.
-inline constexpr int kRecW = 0;                                 // bf16 [16][128]
-inline constexpr int kRecQd = kRecW + kChunk * kHeadDim * 2;     // bf16 [16][128]
-inline constexpr int kRecKr = kRecQd + kChunk * kHeadDim * 2;    // bf16 [16][128]
-inline constexpr int kRecAv = kRecKr + kChunk * kHeadDim * 2;    // bf16 [16][16], row i = token i
+// Chunk record: byte offsets inside one (slot, value head) record. The bf16 tiles are stored
+// as the recurrence's wgmma reads them from shared memory (gmma_tile_offset), so a record is
+// copied there byte for byte.
+inline constexpr int kRecW = 0;                                 // bf16 [16 t][128 k]
+inline constexpr int kRecQd = kRecW + kChunk * kHeadDim * 2;     // bf16 [16 t][128 k]
+inline constexpr int kRecKr = kRecQd + kChunk * kHeadDim * 2;    // bf16 [128 k][16 t]: kr transposed
+inline constexpr int kRecAv = kRecKr + kChunk * kHeadDim * 2;    // bf16 [16 i][16 j]
 inline constexpr int kRecAvLo = kRecAv + kChunk * kChunk * 2;    // bf16 [16][16]: Av - bf16(Av)
-inline constexpr int kRecM = kRecAvLo + kChunk * kChunk * 2;     // bf16 [16][16], row i = query token i
-inline constexpr int kRecGC = kRecM + kChunk * kChunk * 2;       // fp32 [128]
+inline constexpr int kRecM = kRecAvLo + kChunk * kChunk * 2;     // bf16 [16 i][16 j], row i = query token i
+inline constexpr int kRecGC = kRecM + kChunk * kChunk * 2;       // fp32 [128], plain
 inline constexpr int kRecordBytes = kRecGC + kHeadDim * 4;       // 14336, a multiple of 256
 static_assert(kRecordBytes % 256 == 0, "records are 256-byte aligned in the workspace");
+
+/// Byte offset of element (n, k) of a bf16 [N][K] tile in wgmma's canonical K-major layout
+/// without swizzle (PTX ISA, "Shared memory matrix layout"; CuTe's LayoutType::INTERLEAVE):
+/// 8x8 core matrices of 128 contiguous bytes (8 rows of 16 bytes), the core matrices of one
+/// 8-row group adjacent along K (leading byte offset 128), 8-row groups K * 16 bytes apart
+/// (stride byte offset). A 16-byte piece is 8 consecutive k of one row n.
+constexpr int gmma_tile_offset(int n, int k, int K) {
+  return ((n / 8) * (K / 8) + k / 8) * 128 + (n % 8) * 16 + (k % 8) * 2;
+}
 
 /// Where each sequence starts. Fixed length: sequence n starts at token n*T of the flattened
 /// [B*T] token axis; varlen: cu_seqlens[n].

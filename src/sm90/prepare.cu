@@ -14,9 +14,9 @@
 //      row/column scales of the 16x16 matrices and of the record's rows;
 //   3. (I + L)^-1 by forward substitution on 16 lanes (depth 16);
 //   4. W^T = kd^T Ak^T as a [channel x token] product, warp w owning channels 32w..32w+31;
-//   5. the record (W, Qd, kr, Av, M, gC; params.h) is assembled in shared memory, its W, Qd and
-//      kr rows padded to 272 bytes (see assembled()), and written with coalesced 16-byte stores
-//      of the unpadded layout. v is not read here: the recurrence applies Av to it.
+//   5. the record (W, Qd, kr^T, Av, M, gC; params.h, in wgmma's tile layout) is assembled in
+//      shared memory, W and Qd as rows padded to 272 bytes (see assembled()), and written with
+//      coalesced 16-byte stores. v is not read here: the recurrence applies Av to it.
 #include <cstddef>  // offsetof
 
 #include <cuda_bf16.h>
@@ -340,11 +340,14 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
   for (int t = 0; t < kChunk; ++t) qd[t] = sm.qd[t][c] * (p.scale * sm.rq[t]);
   __syncthreads();  // kd and qd are dead: assemble the record over them
 
-  // Phase 5: the record is assembled with padded W, Qd and kr rows (assembled()).
+  // Phase 5: the record (params.h: bf16 tiles in wgmma's layout, gmma_tile_offset) is
+  // assembled in shared memory. W and Qd go in as padded [token][channel] rows (assembled():
+  // conflict-free stores from the mma fragments and from thread c's channel) and are reordered
+  // into core matrices by the copy-out below; kr^T, Av, Av lo and M are stored in their final
+  // order (thread c owns row c of kr^T: two 16-byte pieces).
   char* st = reinterpret_cast<char*>(&sm.kd[0][0]);
   auto* sW = reinterpret_cast<__nv_bfloat16*>(st + assembled(kRecW));
   auto* sQd = reinterpret_cast<__nv_bfloat16*>(st + assembled(kRecQd));
-  auto* sKr = reinterpret_cast<__nv_bfloat16*>(st + assembled(kRecKr));
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -357,31 +360,51 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
       }
     }
   }
+  {
+    uint32_t kr[kChunk / 2];  // kr = ki e^{G_C} / ||k|| (ki lies past the record)
 #pragma unroll
-  for (int t = 0; t < kChunk; ++t) {  // kr = ki e^{G_C} / ||k|| (ki lies past the record)
-    sQd[t * kAsmRow + c] = __float2bfloat16(qd[t]);
-    sKr[t * kAsmRow + c] = __float2bfloat16(sm.ki[t][c] * gC * sm.rk[t]);
+    for (int t = 0; t < kChunk; t += 2) {
+      sQd[t * kAsmRow + c] = __float2bfloat16(qd[t]);
+      sQd[(t + 1) * kAsmRow + c] = __float2bfloat16(qd[t + 1]);
+      kr[t / 2] = pack_bf16(sm.ki[t][c] * gC * sm.rk[t], sm.ki[t + 1][c] * gC * sm.rk[t + 1]);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      *reinterpret_cast<uint4*>(st + assembled(kRecKr + gmma_tile_offset(c, 8 * half, kChunk))) =
+          make_uint4(kr[4 * half], kr[4 * half + 1], kr[4 * half + 2], kr[4 * half + 3]);
   }
   {  // Av (hi and lo) and M: 256 entries each, two per thread (the 16x16 matrices lie past the record)
     const int i = c / 8, j = 2 * (c % 8);
     const float a0 = sm.m.Av[i][j], a1 = sm.m.Av[i][j + 1];
     const uint32_t hi = pack_bf16(a0, a1);
     const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
-    reinterpret_cast<uint32_t*>(st + assembled(kRecAv))[c] = hi;
-    reinterpret_cast<uint32_t*>(st + assembled(kRecAvLo))[c] = pack_bf16(a0 - h.x, a1 - h.y);
-    reinterpret_cast<uint32_t*>(st + assembled(kRecM))[c] = pack_bf16(sm.m.M[i][j], sm.m.M[i][j + 1]);
+    const int at = gmma_tile_offset(i, j, kChunk);
+    *reinterpret_cast<uint32_t*>(st + assembled(kRecAv + at)) = hi;
+    *reinterpret_cast<uint32_t*>(st + assembled(kRecAvLo + at)) = pack_bf16(a0 - h.x, a1 - h.y);
+    *reinterpret_cast<uint32_t*>(st + assembled(kRecM + at)) = pack_bf16(sm.m.M[i][j], sm.m.M[i][j + 1]);
   }
   reinterpret_cast<float*>(st + assembled(kRecGC))[c] = gC;
   __syncthreads();
 
-  // Consecutive threads store consecutive 16-byte pieces of the (unpadded) record; each group
-  // of 8 lanes reads 128 contiguous bytes of one assembled row, so the reads are conflict-free.
+  // Consecutive threads store consecutive 16-byte pieces of the record. A piece of W or Qd is
+  // row r of core matrix m: token (m / 16) * 8 + r, channels 8 (m % 16) .. +7 of the padded
+  // rows (8 lanes read 8 rows 272 bytes apart: conflict-free); every later piece is already
+  // in place.
   char* rec = p.records + ((slot - p.slot_begin) * p.value_heads + hv) * int64_t(kRecordBytes);
   static_assert(kRecordBytes % (16 * kThreads) == 0, "every thread stores the same number of pieces");
+  static_assert(kRecQd == kRecW + kChunk * kHeadDim * 2 && kRecKr == kRecQd + kChunk * kHeadDim * 2,
+                "W and Qd are the record's first two tiles");
 #pragma unroll
   for (int n = 0; n < kRecordBytes / (16 * kThreads); ++n) {
     const int i = c + n * kThreads;
-    reinterpret_cast<uint4*>(rec)[i] = *reinterpret_cast<const uint4*>(st + assembled(16 * i));
+    int src;
+    if (i < kRecKr / 16) {
+      const int tile = i / (kChunk * kHeadDim * 2 / 16), m = (i / 8) % (kChunk * kHeadDim / 64), r = i % 8;
+      src = assembled(tile * (kChunk * kHeadDim * 2) + ((m / 16) * 8 + r) * (kHeadDim * 2) + (m % 16) * 16);
+    } else {
+      src = assembled(16 * i);
+    }
+    reinterpret_cast<uint4*>(rec)[i] = *reinterpret_cast<const uint4*>(st + src);
   }
 }
 

@@ -1,26 +1,30 @@
 // Stage 2: the state passing (docs/kda-spec.md "Chunked form"; the only sequential part).
 //
-// One block per (sequence, value head, slice of NW*16 value columns); each warp owns 16 value
-// columns of the state, kept as S^T [16 v x 128 k] in fp32 mma accumulators for the whole
-// sequence. Per 16-token chunk, with the record of stage 1 and the chunk's rows of v (this
-// block's columns) in shared memory:
+// One block per (sequence, value head, slice of NW*16 value columns), NW = 4 or 8 warps: one or
+// two warpgroups of 64 columns. Each warpgroup keeps its S^T [64 v x 128 k] in fp32 wgmma
+// accumulators for the whole sequence (warp w of it: rows 16w..16w+15). Per 16-token chunk,
+// with the record of stage 1 (params.h, tiles in wgmma's layout) and the chunk's rows of v
+// (this block's columns) in shared memory:
 //
-//   U^T = v^T Av^T - S^T W^T      (mma: A = S^T as bf16, B = W via ldmatrix; v^T via
-//                                  ldmatrix.trans; v^T Av^T does not depend on S)
-//   S^T = S^T diag(gC) + U^T kr   (A = U^T, B = kr via ldmatrix.trans)
+//   U^T = v^T Av^T - S^T W^T      (wgmma m64n16k16: A = v^T / S^T from registers, B = Av, W
+//                                  from shared memory; v^T Av^T does not depend on S)
 //   O^T = S^T Qd^T + U^T M^T      (old S; off the sequential chain)
+//   S^T = S^T diag(gC) + U^T kr   (one wgmma m64n128k16, A = U^T, B = kr^T)
 //
-// The m16n8 accumulator of one product is, register for register, the A operand of the next
-// (the FlashAttention-2 register reuse), so S and U never leave registers. Records are
-// prefetched kStages - 1 chunks ahead with cp.async: one chunk step is ~0.3 us of math, far
-// less than a record's load latency, so a single chunk of look-ahead left the chain waiting
-// on memory (measured 1.8 us per step with double buffering).
+// A warpgroup reads each B tile from shared memory once (mma.sync read it once per warp:
+// ~70% of the v8 kernel's shared-memory traffic), and one instruction replaces 4-16 HMMAs.
+// The accumulator of one product is, register for register, the A operand of the next (the
+// FlashAttention register reuse), so S and U never leave registers. Records are prefetched
+// kStages - 1 chunks ahead with cp.async, a byte-for-byte copy.
 #include <cuda_bf16.h>
+
+#include <utility>
 
 #include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/copy_sm90.hpp>
-#include <cute/arch/mma_sm80.hpp>
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "sm90/kernel_attrs.h"
 #include "sm90/params.h"
@@ -28,22 +32,22 @@
 namespace flash_kda::sm90 {
 namespace {
 
-using Mma = cute::SM80_16x8x16_F32BF16BF16F32_TN;
+namespace gmma = cute::SM90::GMMA;
+template <gmma::ScaleIn kScaleA>
+using MmaN16 = gmma::MMA_64x16x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K, kScaleA, gmma::ScaleIn::One>;
+using MmaN128 = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 constexpr int kStages = 5;
 
 template <int NW>
 struct Layout {
-  static constexpr int kRow = (kHeadDim + 8) * 2;     // bytes per padded [16][128] row: ldmatrix rows hit distinct banks
-  static constexpr int kMat = kChunk * kRow;
-  static constexpr int kSqRow = (kChunk + 8) * 2;     // padded row of the 16x16 matrices
+  static_assert(NW == 4 || NW == 8, "whole warpgroups");
+  static constexpr int kRec = 0;                      // the record, byte for byte (16-byte aligned tiles)
   static constexpr int kVRow = NW * 16 * 2 + 16;      // padded row of this block's v columns
-  static constexpr int kW = 0, kQd = kMat, kKr = 2 * kMat;
-  static constexpr int kAv = 3 * kMat, kAvLo = kAv + kChunk * kSqRow, kM = kAvLo + kChunk * kSqRow;
-  static constexpr int kGC = kM + kChunk * kSqRow;
-  static constexpr int kV = kGC + kHeadDim * 4;
+  static constexpr int kV = kRecordBytes;
   static constexpr int kStage = kV + kChunk * kVRow;
-  static constexpr int kOut = kStages * kStage;             // per-warp [16 tok][16 v] bf16 staging
-  static constexpr int kBytes = kOut + NW * kChunk * kChunk * 2;
+  static constexpr int kOut = kStages * kStage;       // per-warp [16 tok][16 v] bf16 staging
+  static constexpr int kBytes = kOut + NW * kChunk * 32;
+  static_assert(kStage % 128 == 0, "stage buffers keep the record's tiles 128-byte aligned");
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -51,26 +55,54 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// acc[nt] += A B_nt for the two n-tiles of a 16 x 16 bf16 B tile stored [n][k] at `tile` (rows
-// `row_bytes` apart), read with one ldmatrix.x4: lanes 0-7 / 8-15 / 16-23 / 24-31 address rows
-// ld_row of the (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) tiles.
-__device__ __forceinline__ void mma_b16x16(float (&acc)[2][4], const uint32_t (&a)[4], const char* tile, int row_bytes,
-                                           int ld_row, int ld_col) {
-  uint32_t b[4];
-  cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(tile + ld_row * row_bytes + ld_col * 2), b[0],
-                                b[1], b[2], b[3]);
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-    Mma::fma(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], a[0], a[1], a[2], a[3], b[2 * nt], b[2 * nt + 1],
-             acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+// wgmma descriptor of a bf16 [N][K] tile in shared memory laid out by gmma_tile_offset (K = 16 x
+// `k_blocks16`), starting at k-step `kk` (16 columns of K).
+__device__ __forceinline__ uint64_t tile_desc(const char* tile, int K, int kk) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = static_cast<uint16_t>((cute::cast_smem_ptr_to_uint(tile) + kk * 256) >> 4);
+  d.bitfield.leading_byte_offset_ = 128 >> 4;        // the next 8 columns of K
+  d.bitfield.stride_byte_offset_ = (K * 16) >> 4;    // the next 8 rows of N
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = static_cast<uint8_t>(gmma::LayoutType::INTERLEAVE);
+  return d.desc_;
 }
 
-// One chunk's record and this block's columns of its v rows into a stage buffer, as 16-byte
-// cp.async pieces. W, Qd and kr are contiguous in the record ([3][16][128] bf16, piece i at
-// byte 16 i) and land in padded rows (row i / 16, column i % 16). kThreads is a multiple of 16,
-// so the pieces i = tid + it * kThreads of one thread share its column and every copy is the
-// thread's base address plus a compile-time constant: a few instructions per step instead of
-// ~400 of index arithmetic (the SASS of the generic loops, 2-warp blocks).
+// d (m64n16 accumulator, this warp's 16 rows: d[j][r] as an m16n8 tile j) += A B.
+template <gmma::ScaleIn kScaleA = gmma::ScaleIn::One>
+__device__ __forceinline__ void mma_n16(float (&d)[2][4], const uint32_t (&a)[4], uint64_t b) {
+  MmaN16<kScaleA>::fma(a[0], a[1], a[2], a[3], b, d[0][0], d[0][1], d[0][2], d[0][3], d[1][0], d[1][1], d[1][2],
+                       d[1][3]);
+}
+
+template <int... I>
+__device__ __forceinline__ void mma_n128_impl(float (&d)[kHeadDim / 8][4], const uint32_t (&a)[4], uint64_t b,
+                                              std::integer_sequence<int, I...>) {
+  MmaN128::fma(a[0], a[1], a[2], a[3], b, d[I / 4][I % 4]...);
+}
+// d (m64n128 accumulator: S^T, d[nt][r] as m16n8 tile nt) += A B.
+__device__ __forceinline__ void mma_n128(float (&d)[kHeadDim / 8][4], const uint32_t (&a)[4], uint64_t b) {
+  mma_n128_impl(d, a, b, std::make_integer_sequence<int, kHeadDim / 2>{});
+}
+
+// Keeps the compiler from moving register reads or writes across an asynchronous wgmma
+// (CUTLASS's warpgroup_fence_operand, over arrays).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(r[i][j]);
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(r[i][j]);
+}
+
+// One chunk's record (byte for byte) and this block's columns of its v rows into a stage
+// buffer, as 16-byte cp.async pieces; `rec` and `dst` are this thread's first piece.
 // v rows past the sequence end are zero-filled (their Av columns are zero, but 0 * NaN is not)
 // from an address clamped to the last valid row. `v_row` is the chunk's first row of v at this
 // block's first column; `with_v` is false in the P pass of the segment maps (U0 = 0).
@@ -81,26 +113,12 @@ __device__ __forceinline__ void load_record(char* smem, const char* rec, const c
   using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>;
   using CopyZ = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
   constexpr int kThreads = NW * 32;
-  constexpr int kPieces = 3 * kChunk * kHeadDim * 2 / 16;
-  static_assert(kThreads % 16 == 0 && kPieces % kThreads == 0, "pieces must split evenly over the block");
-  static_assert(kRecQd == kRecW + kChunk * kHeadDim * 2 && kRecKr == kRecQd + kChunk * kHeadDim * 2,
-                "W, Qd and kr must be contiguous in the record");
-  static_assert(kRecAvLo == kRecAv + kChunk * kChunk * 2 && kRecM == kRecAvLo + kChunk * kChunk * 2 &&
-                    kRecGC == kRecM + kChunk * kChunk * 2 && L::kAvLo == L::kAv + kChunk * L::kSqRow &&
-                    L::kM == L::kAvLo + kChunk * L::kSqRow && L::kGC == L::kM + kChunk * L::kSqRow,
-                "Av, Av lo, M and gC must be contiguous in the record and in shared memory");
-  const char* src = rec + kRecW + tid * 16;
-  char* dst = smem + L::kW + (tid / 16) * L::kRow + (tid % 16) * 16;
+  constexpr int kPieces = kRecordBytes / 16;
 #pragma unroll
-  for (int it = 0; it < kPieces / kThreads; ++it)
-    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(src + it * kThreads * 16),
-               *reinterpret_cast<cute::uint128_t*>(dst + it * (kThreads / 16) * L::kRow));
-  // Av, Av lo and M (32 pieces each, two per padded row), then gC (32 pieces).
-#pragma unroll
-  for (int i = tid; i < 128; i += kThreads) {
-    const int which = i / 32, r = i % 32;
-    char* d = smem + L::kAv + which * (kChunk * L::kSqRow) + (which < 3 ? (r / 2) * L::kSqRow + (r % 2) * 16 : r * 16);
-    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(rec + kRecAv + i * 16), *reinterpret_cast<cute::uint128_t*>(d));
+  for (int it = 0; it < (kPieces + kThreads - 1) / kThreads; ++it) {
+    if (kPieces % kThreads == 0 || tid + it * kThreads < kPieces)
+      Copy::copy(*reinterpret_cast<const cute::uint128_t*>(rec + (tid + it * kThreads) * 16),
+                 *reinterpret_cast<cute::uint128_t*>(smem + L::kRec + (tid + it * kThreads) * 16));
   }
   if (with_v) {  // 16 rows x NW * 32 bytes: one piece per thread
     const int t = tid / (2 * NW), j = tid % (2 * NW);
@@ -212,10 +230,13 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   int buf = 0;  // the current chunk's stage buffer
   for (int64_t c = c_begin; c < c_end; ++c) {
     char* stage = smem + buf * L::kStage;
-    // Chunk c's copies are done once at most kStages - 2 newer groups are pending; the barrier
-    // makes them visible to all warps and proves every warp is done with chunk c - 1, whose
-    // buffer (the one kStages - 1 ahead) is refilled right after it: one barrier per step.
+    // Chunk c's copies are done once at most kStages - 2 newer groups are pending. They wrote
+    // shared memory through the generic proxy and wgmma reads it through the async proxy: each
+    // thread fences its own copies, then the barrier makes all of them visible and proves every
+    // warp is done with chunk c - 1, whose buffer (the one kStages - 1 ahead) is refilled right
+    // after it: one barrier per step.
     cute::cp_async_wait<kStages - 2>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     const int ahead_buf = buf == 0 ? kStages - 1 : buf - 1;
     if (c + kStages - 1 < c_end) load_next(ahead_buf);
@@ -230,12 +251,39 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       sa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       sa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
+    // v^T as the A operand of U0^T = v^T (Av + Av lo)^T (16 v x 16 tokens, ldmatrix.trans of the
+    // [token][v] rows: lanes 0-7 / 8-15 / 16-23 / 24-31 address the four 8x8 tiles).
+    uint32_t va[1][4] = {};
+    if (use_u0) {
+      const int ld_row = (lane % 8) + ((lane / 16) * 8), ld_col = ((lane / 8) % 2) * 8;
+      cute::SM75_U16x8_LDSM_T::copy(
+          *reinterpret_cast<const cute::uint128_t*>(stage + L::kV + ld_row * L::kVRow + (warp * 16 + ld_col) * 2),
+          va[0][0], va[0][1], va[0][2], va[0][3]);
+    }
 
-    // S^T diag(gC), the first half of the state update, right away: the old S is in sa now,
-    // and these 64 multiplies (and the gC loads) fill the waits of the U chain below instead of
-    // stalling in front of the update's MMAs (H200 profile, v8: ~15% of stall samples).
+    // u, o: U^T / O^T (this warp's rows v0+g, v0+g+8; token columns 8j + 2*t4 + {0,1}).
+    float u[2][4] = {}, o[2][4] = {};
+    fence_regs(u);
+    fence_regs(o);
+    cute::warpgroup_arrive();
+    if (use_u0) {
+      mma_n16(u, va[0], tile_desc(stage + kRecAv, kChunk, 0));
+      mma_n16(u, va[0], tile_desc(stage + kRecAvLo, kChunk, 0));
+    }
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      mma_n16<gmma::ScaleIn::Neg>(u, sa[kk], tile_desc(stage + kRecW, kHeadDim, kk));
+    cute::warpgroup_commit_batch();
+    if (!maps) {  // no output in the map pass
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(o, sa[kk], tile_desc(stage + kRecQd, kHeadDim, kk));
+    }
+    cute::warpgroup_commit_batch();
+
+    // S^T diag(gC), the first half of the state update, while the products run: S's registers
+    // are not operands of the batches in flight (its bf16 copy sa is).
     {
-      const float* gc = reinterpret_cast<const float*>(stage + L::kGC);
+      const float* gc = reinterpret_cast<const float*>(stage + kRecGC);
 #pragma unroll
       for (int nt = 0; nt < kHeadDim / 8; ++nt) {
         const float2 d = *reinterpret_cast<const float2*>(gc + nt * 8 + 2 * t4);
@@ -243,66 +291,36 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       }
     }
 
-    // u[nt], o[nt]: U^T / O^T rows v0+g, v0+g+8, token columns nt*8 + 2*t4 + {0,1}.
-    // Two accumulators each (even and odd k-steps) halve the dependent HMMA chains to 4: U's is
-    // the sequential chain, and fixed-latency waits were ~30% of stall samples.
-    float u[2][2][4] = {}, o[2][2][4] = {}, u0[2][4] = {};
-    // ldmatrix row addresses: lanes 0-7 / 8-15 / 16-23 / 24-31 give rows of the four 8x8 tiles.
-    const int ld_row = (lane % 8) + ((lane / 16) * 8), ld_col = ((lane / 8) % 2) * 8;
-    if (use_u0) {  // U0^T = v^T (Av + Av lo)^T: the same lane addresses give A = v^T (.trans) and B = Av
-      uint32_t a[4];
-      cute::SM75_U16x8_LDSM_T::copy(
-          *reinterpret_cast<const cute::uint128_t*>(stage + L::kV + ld_row * L::kVRow + (warp * 16 + ld_col) * 2),
-          a[0], a[1], a[2], a[3]);
-      mma_b16x16(u0, a, stage + L::kAv, L::kSqRow, ld_row, ld_col);
-      mma_b16x16(u0, a, stage + L::kAvLo, L::kSqRow, ld_row, ld_col);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      mma_b16x16(u[kk % 2], sa[kk], stage + L::kW + kk * 32, L::kRow, ld_row, ld_col);
-      if (!maps) mma_b16x16(o[kk % 2], sa[kk], stage + L::kQd + kk * 32, L::kRow, ld_row, ld_col);  // no output in the map pass
-    }
+    cute::warpgroup_wait<1>();  // U's batch is done (O's may still run)
+    fence_regs(u);
+    uint32_t ua[1][4];  // U^T as the A operand (16 v x 16 tokens)
+    ua[0][0] = pack_bf16(u[0][0], u[0][1]);
+    ua[0][1] = pack_bf16(u[0][2], u[0][3]);
+    ua[0][2] = pack_bf16(u[1][0], u[1][1]);
+    ua[0][3] = pack_bf16(u[1][2], u[1][3]);
 
-    // U^T = U0^T - S^T W^T, then as the A operand (16 v x 16 tokens).
-    uint32_t ua[4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        ua[2 * nt + half] = pack_bf16(u0[nt][2 * half] - (u[0][nt][2 * half] + u[1][nt][2 * half]),
-                                      u0[nt][2 * half + 1] - (u[0][nt][2 * half + 1] + u[1][nt][2 * half + 1]));
+    // S^T <- S^T diag(gC) + U^T kr;  O^T += U^T M^T.
+    fence_regs(s);
+    cute::warpgroup_arrive();
+    mma_n128(s, ua[0], tile_desc(stage + kRecKr, kChunk, 0));
+    if (!maps) mma_n16(o, ua[0], tile_desc(stage + kRecM, kChunk, 0));
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_regs(s);
+    fence_regs(o);
+    fence_regs(sa);  // the A registers stay untouched until the products that read them are done
+    fence_regs(va);
+    fence_regs(ua);
 
-    // S^T <- S^T diag(gC) + U^T kr (the diag(gC) product is done above).
-    // .trans tiles: lanes 0-7 tokens 0-7, 8-15 tokens 8-15, 16-31 the same for key columns +8.
-    const int tr_row = lane % 16, tr_col = (lane / 16) * 8;
-#pragma unroll
-    for (int np = 0; np < kHeadDim / 16; ++np) {
-      uint32_t b[4];
-      cute::SM75_U16x8_LDSM_T::copy(
-          *reinterpret_cast<const cute::uint128_t*>(stage + L::kKr + tr_row * L::kRow + (np * 16 + tr_col) * 2),
-          b[0], b[1], b[2], b[3]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int nt = 2 * np + h;
-        Mma::fma(s[nt][0], s[nt][1], s[nt][2], s[nt][3], ua[0], ua[1], ua[2], ua[3], b[2 * h], b[2 * h + 1],
-                 s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
-      }
-    }
-
-    if (!maps) {  // O^T += U^T M^T, then O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
-      mma_b16x16(o[0], ua, stage + L::kM, L::kSqRow, ld_row, ld_col);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) o[0][nt][r] += o[1][nt][r];
-      // stmatrix.trans writes the four 8x8 tiles (token tile nt, value half h) of O^T as token
+    if (!maps) {  // O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
+      // stmatrix.trans writes the four 8x8 tiles (token tile j, value half h) of O^T as token
       // rows of 16 bytes; the half is XOR-swizzled by bit 2 of the token so that the 8 rows of
       // a tile (32 bytes apart) hit distinct banks.
       char* stage_out = smem + L::kOut + warp * (kChunk * 32);
       {
         const int j = lane / 8, tok = (j / 2) * 8 + lane % 8, h = (j % 2) ^ ((tok / 4) & 1);
-        cute::SM90_U16x8_STSM_T::copy(pack_bf16(o[0][0][0], o[0][0][1]), pack_bf16(o[0][0][2], o[0][0][3]),
-                                      pack_bf16(o[0][1][0], o[0][1][1]), pack_bf16(o[0][1][2], o[0][1][3]),
+        cute::SM90_U16x8_STSM_T::copy(pack_bf16(o[0][0], o[0][1]), pack_bf16(o[0][2], o[0][3]),
+                                      pack_bf16(o[1][0], o[1][1]), pack_bf16(o[1][2], o[1][3]),
                                       *reinterpret_cast<cute::uint128_t*>(stage_out + tok * 32 + h * 16));
       }
       __syncwarp();
@@ -382,12 +400,7 @@ cudaError_t launch(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaS
 }  // namespace
 
 cudaError_t launch_recurrence(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaStream_t stream) {
-  switch (how.warps_per_block) {
-    case 1: return launch<1>(p, how, stream);
-    case 2: return launch<2>(p, how, stream);
-    case 4: return launch<4>(p, how, stream);
-    default: return launch<8>(p, how, stream);
-  }
+  return how.warps_per_block == 4 ? launch<4>(p, how, stream) : launch<8>(p, how, stream);
 }
 
 }  // namespace flash_kda::sm90
