@@ -86,15 +86,8 @@ __device__ __forceinline__ void mma_n128(float (&d)[kHeadDim / 8][4], const uint
 
 // Keeps the compiler from moving register reads or writes across an asynchronous wgmma
 // (CUTLASS's warpgroup_fence_operand, over arrays).
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(r[i][j]);
-}
-template <int N>
-__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+template <class T, int N>
+__device__ __forceinline__ void fence_regs(T (&r)[N][4]) {
 #pragma unroll
   for (int i = 0; i < N; ++i)
 #pragma unroll
