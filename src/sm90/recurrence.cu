@@ -18,6 +18,7 @@
 // kStages - 1 chunks ahead with cp.async, a byte-for-byte copy.
 #include <cuda_bf16.h>
 
+#include <type_traits>
 #include <utility>
 
 #include <cute/arch/copy_sm75.hpp>
@@ -220,111 +221,128 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
             (lane % 2) * 8;
   int64_t left = seq_len - c_begin * kChunk;  // tokens from the current chunk on
 
-  int buf = 0;  // the current chunk's stage buffer
-  for (int64_t c = c_begin; c < c_end; ++c) {
-    char* stage = smem + buf * L::kStage;
-    // Chunk c's copies are done once at most kStages - 2 newer groups are pending. They wrote
-    // shared memory through the generic proxy and wgmma reads it through the async proxy: each
-    // thread fences its own copies, then the barrier makes all of them visible and proves every
-    // warp is done with chunk c - 1, whose buffer (the one kStages - 1 ahead) is refilled right
-    // after it: one barrier per step.
-    cute::cp_async_wait<kStages - 2>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    const int ahead_buf = buf == 0 ? kStages - 1 : buf - 1;
-    if (c + kStages - 1 < c_end) load_next(ahead_buf);
-    cute::cp_async_fence();
+  // The chunk loop, with the pass's branches resolved at compile time (kOut: write out, else
+  // the segment-map pass; kU0: U starts from v^T Av^T, else from 0): wgmma batches inside
+  // run-time branches made ptxas inject warpgroup.arrive/wait around them.
+  auto chunk_loop = [&](auto out_tag, auto u0_tag) {
+    constexpr bool kOut = decltype(out_tag)::value, kU0 = decltype(u0_tag)::value;
+    int buf = 0;  // the current chunk's stage buffer
+    for (int64_t c = c_begin; c < c_end; ++c) {
+      char* stage = smem + buf * L::kStage;
+      // Chunk c's copies are done once at most kStages - 2 newer groups are pending. They wrote
+      // shared memory through the generic proxy and wgmma reads it through the async proxy: each
+      // thread fences its own copies, then the barrier makes all of them visible and proves every
+      // warp is done with chunk c - 1, whose buffer (the one kStages - 1 ahead) is refilled right
+      // after it: one barrier per step.
+      cute::cp_async_wait<kStages - 2>();
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();
+      const int ahead_buf = buf == 0 ? kStages - 1 : buf - 1;
+      if (c + kStages - 1 < c_end) load_next(ahead_buf);
+      cute::cp_async_fence();
 
-    // A operand of S^T for the 8 k-steps of 16 key channels.
-    uint32_t sa[kHeadDim / 16][4];
+      // A operand of S^T for the 8 k-steps of 16 key channels.
+      uint32_t sa[kHeadDim / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      sa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-      sa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      sa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      sa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
-    // v^T as the A operand of U0^T = v^T (Av + Av lo)^T (16 v x 16 tokens, ldmatrix.trans of the
-    // [token][v] rows: lanes 0-7 / 8-15 / 16-23 / 24-31 address the four 8x8 tiles).
-    uint32_t va[1][4] = {};
-    if (use_u0) {
-      const int ld_row = (lane % 8) + ((lane / 16) * 8), ld_col = ((lane / 8) % 2) * 8;
-      cute::SM75_U16x8_LDSM_T::copy(
-          *reinterpret_cast<const cute::uint128_t*>(stage + L::kV + ld_row * L::kVRow + (warp * 16 + ld_col) * 2),
-          va[0][0], va[0][1], va[0][2], va[0][3]);
-    }
-
-    // u, o: U^T / O^T (this warp's rows v0+g, v0+g+8; token columns 8j + 2*t4 + {0,1}).
-    float u[2][4] = {}, o[2][4] = {};
-    fence_regs(u);
-    fence_regs(o);
-    cute::warpgroup_arrive();
-    if (use_u0) {
-      mma_n16(u, va[0], tile_desc(stage + kRecAv, kChunk, 0));
-      mma_n16(u, va[0], tile_desc(stage + kRecAvLo, kChunk, 0));
-    }
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      mma_n16<gmma::ScaleIn::Neg>(u, sa[kk], tile_desc(stage + kRecW, kHeadDim, kk));
-    cute::warpgroup_commit_batch();
-    if (!maps) {  // no output in the map pass
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(o, sa[kk], tile_desc(stage + kRecQd, kHeadDim, kk));
-    }
-    cute::warpgroup_commit_batch();
-
-    // S^T diag(gC), the first half of the state update, while the products run: S's registers
-    // are not operands of the batches in flight (its bf16 copy sa is).
-    {
-      const float* gc = reinterpret_cast<const float*>(stage + kRecGC);
-#pragma unroll
-      for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-        const float2 d = *reinterpret_cast<const float2*>(gc + nt * 8 + 2 * t4);
-        s[nt][0] *= d.x; s[nt][1] *= d.y; s[nt][2] *= d.x; s[nt][3] *= d.y;
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        sa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        sa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        sa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        sa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
       }
-    }
+      // v^T as the A operand of U0^T = v^T (Av + Av lo)^T (16 v x 16 tokens, ldmatrix.trans of
+      // the [token][v] rows: lanes 0-7 / 8-15 / 16-23 / 24-31 address the four 8x8 tiles).
+      uint32_t va[1][4] = {};
+      if constexpr (kU0) {
+        const int ld_row = (lane % 8) + ((lane / 16) * 8), ld_col = ((lane / 8) % 2) * 8;
+        cute::SM75_U16x8_LDSM_T::copy(
+            *reinterpret_cast<const cute::uint128_t*>(stage + L::kV + ld_row * L::kVRow + (warp * 16 + ld_col) * 2),
+            va[0][0], va[0][1], va[0][2], va[0][3]);
+      }
 
-    cute::warpgroup_wait<1>();  // U's batch is done (O's may still run)
-    fence_regs(u);
-    uint32_t ua[1][4];  // U^T as the A operand (16 v x 16 tokens)
-    ua[0][0] = pack_bf16(u[0][0], u[0][1]);
-    ua[0][1] = pack_bf16(u[0][2], u[0][3]);
-    ua[0][2] = pack_bf16(u[1][0], u[1][1]);
-    ua[0][3] = pack_bf16(u[1][2], u[1][3]);
-
-    // S^T <- S^T diag(gC) + U^T kr;  O^T += U^T M^T.
-    fence_regs(s);
-    cute::warpgroup_arrive();
-    mma_n128(s, ua[0], tile_desc(stage + kRecKr, kChunk, 0));
-    if (!maps) mma_n16(o, ua[0], tile_desc(stage + kRecM, kChunk, 0));
-    cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<0>();
-    fence_regs(s);
-    fence_regs(o);
-    fence_regs(sa);  // the A registers stay untouched until the products that read them are done
-    fence_regs(va);
-    fence_regs(ua);
-
-    if (!maps) {  // O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
-      // stmatrix.trans writes the four 8x8 tiles (token tile j, value half h) of O^T as token
-      // rows of 16 bytes; the half is XOR-swizzled by bit 2 of the token so that the 8 rows of
-      // a tile (32 bytes apart) hit distinct banks.
-      char* stage_out = smem + L::kOut + warp * (kChunk * 32);
+      // S^T diag(gC), the first half of the state update (the old S is in sa now). Before the
+      // batch, not beside it: ptxas waits for a batch in flight before any write to a register
+      // that is some wgmma's accumulator.
       {
-        const int j = lane / 8, tok = (j / 2) * 8 + lane % 8, h = (j % 2) ^ ((tok / 4) & 1);
-        cute::SM90_U16x8_STSM_T::copy(pack_bf16(o[0][0], o[0][1]), pack_bf16(o[0][2], o[0][3]),
-                                      pack_bf16(o[1][0], o[1][1]), pack_bf16(o[1][2], o[1][3]),
-                                      *reinterpret_cast<cute::uint128_t*>(stage_out + tok * 32 + h * 16));
+        const float* gc = reinterpret_cast<const float*>(stage + kRecGC);
+#pragma unroll
+        for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+          const float2 d = *reinterpret_cast<const float2*>(gc + nt * 8 + 2 * t4);
+          s[nt][0] *= d.x; s[nt][1] *= d.y; s[nt][2] *= d.x; s[nt][3] *= d.y;
+        }
       }
-      __syncwarp();
-      if (out_t < left)
-        *reinterpret_cast<uint4*>(out_next) =
-            *reinterpret_cast<const uint4*>(stage_out + out_t * 32 + ((lane % 2) ^ ((out_t / 4) & 1)) * 16);
-      out_next += kChunk * HV * kHeadDim;
+
+      // xu = S^T W^T (U's chain, batch 1), o = S^T Qd^T (O's start, batch 2: off the chain),
+      // u0 = U0^T. This warp's rows v0+g, v0+g+8; token columns 8j + 2*t4 + {0,1}.
+      float xu[2][4] = {}, o[2][4] = {}, u0[2][4] = {};
+      fence_regs(xu);
+      fence_regs(o);
+      fence_regs(u0);
+      fence_regs(s);
+      cute::warpgroup_arrive();
+      if constexpr (kU0) {
+        mma_n16(u0, va[0], tile_desc(stage + kRecAv, kChunk, 0));
+        mma_n16(u0, va[0], tile_desc(stage + kRecAvLo, kChunk, 0));
+      }
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(xu, sa[kk], tile_desc(stage + kRecW, kHeadDim, kk));
+      cute::warpgroup_commit_batch();
+      if constexpr (kOut) {
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(o, sa[kk], tile_desc(stage + kRecQd, kHeadDim, kk));
+      }
+      cute::warpgroup_commit_batch();
+
+      cute::warpgroup_wait<1>();  // batch 1 is done; O's may still run
+      fence_regs(xu);
+      fence_regs(u0);
+      uint32_t ua[1][4];  // U^T = U0^T - S^T W^T as the A operand (16 v x 16 tokens)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        ua[0][2 * j] = pack_bf16(u0[j][0] - xu[j][0], u0[j][1] - xu[j][1]);
+        ua[0][2 * j + 1] = pack_bf16(u0[j][2] - xu[j][2], u0[j][3] - xu[j][3]);
+      }
+
+      // S^T <- S^T diag(gC) + U^T kr;  O^T += U^T M^T (same shape as O's batch in flight, so it
+      // chains onto it without a wait).
+      cute::warpgroup_arrive();
+      mma_n128(s, ua[0], tile_desc(stage + kRecKr, kChunk, 0));
+      if constexpr (kOut) mma_n16(o, ua[0], tile_desc(stage + kRecM, kChunk, 0));
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      fence_regs(s);
+      fence_regs(o);
+      fence_regs(sa);  // the A registers stay untouched until the products that read them are done
+      fence_regs(va);
+      fence_regs(ua);
+
+      if constexpr (kOut) {  // O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
+        // stmatrix.trans writes the four 8x8 tiles (token tile j, value half h) of O^T as token
+        // rows of 16 bytes; the half is XOR-swizzled by bit 2 of the token so that the 8 rows of
+        // a tile (32 bytes apart) hit distinct banks.
+        char* stage_out = smem + L::kOut + warp * (kChunk * 32);
+        {
+          const int j = lane / 8, tok = (j / 2) * 8 + lane % 8, h = (j % 2) ^ ((tok / 4) & 1);
+          cute::SM90_U16x8_STSM_T::copy(pack_bf16(o[0][0], o[0][1]), pack_bf16(o[0][2], o[0][3]),
+                                        pack_bf16(o[1][0], o[1][1]), pack_bf16(o[1][2], o[1][3]),
+                                        *reinterpret_cast<cute::uint128_t*>(stage_out + tok * 32 + h * 16));
+        }
+        __syncwarp();
+        if (out_t < left)
+          *reinterpret_cast<uint4*>(out_next) =
+              *reinterpret_cast<const uint4*>(stage_out + out_t * 32 + ((lane % 2) ^ ((out_t / 4) & 1)) * 16);
+        out_next += kChunk * HV * kHeadDim;
+      }
+      left -= kChunk;
+      buf = buf == kStages - 1 ? 0 : buf + 1;
     }
-    left -= kChunk;
-    buf = buf == kStages - 1 ? 0 : buf + 1;
-  }
+  };
+  if (!maps)
+    chunk_loop(std::true_type{}, std::true_type{});
+  else if (use_u0)
+    chunk_loop(std::false_type{}, std::true_type{});
+  else
+    chunk_loop(std::false_type{}, std::false_type{});
 
   if (maps) {  // P or Q of this segment
     float* dst = p.seg_maps + (((n * maps_per_seq + seg) * HV + hv) * 2 + part) * (kHeadDim * kHeadDim);
