@@ -75,7 +75,7 @@ def fwd(
     device = getattr(q, "device", None)
     on_cuda = getattr(device, "type", None) == "cuda"
     if on_cuda:
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = _current_raw_stream(torch, device)
 
         def alloc(nbytes: int) -> torch.Tensor:
             return torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -127,8 +127,20 @@ def _raw_descriptions(tensors, torch) -> tuple | None:
         code = _DTYPE_CODES.get(t.dtype)
         if code is None:
             return None
-        raw.append((t.data_ptr(), code, tuple(t.shape), t.stride(), t.get_device()))
+        raw.append((t.data_ptr(), code, t.shape, t.stride(), t.get_device()))  # torch.Size is a tuple
     return tuple(raw)
+
+
+def _current_raw_stream(torch, device) -> int:
+    """The cudaStream_t of torch's current stream on ``device`` (a CUDA torch.device), as an int.
+
+    torch._C._cuda_getCurrentRawStream (what Triton's launcher calls) returns it without building
+    a torch.cuda.Stream object per call; torch.cuda.current_stream is the fallback where a torch
+    build lacks it. Both give the capturing stream under CUDA-graph capture."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    return raw(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _error(argument: str, expected: str) -> Exception:
