@@ -272,10 +272,15 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         }
       }
 
-      // xu = S^T W^T (U's chain, batch 1), o = S^T Qd^T (O's start, batch 2: off the chain),
-      // u0 = U0^T. This warp's rows v0+g, v0+g+8; token columns 8j + 2*t4 + {0,1}.
-      float xu[2][4] = {}, o[2][4] = {}, u0[2][4] = {};
-      fence_regs(xu);
+      // xu[a] = the part of S^T W^T over k-steps a and a + 4 (batch 1), u0 = U0^T: U^T = u0 -
+      // sum_a xu[a]. Five accumulators instead of one: the wgmmas into one accumulator run one
+      // after the other at their full latency, and m64n16k16 is too small to hide it, so the
+      // chain of U is 2 products deep instead of 10. o = S^T Qd^T (O's start, batch 2: off the
+      // chain). This warp's rows v0+g, v0+g+8; token columns 8j + 2*t4 + {0,1}.
+      constexpr int kAcc = 4;
+      float xu[kAcc][2][4] = {}, o[2][4] = {}, u0[2][4] = {};
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) fence_regs(xu[a]);
       fence_regs(o);
       fence_regs(u0);
       fence_regs(s);
@@ -285,7 +290,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         mma_n16(u0, va[0], tile_desc(stage + kRecAvLo, kChunk, 0));
       }
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(xu, sa[kk], tile_desc(stage + kRecW, kHeadDim, kk));
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(xu[kk % kAcc], sa[kk], tile_desc(stage + kRecW, kHeadDim, kk));
       cute::warpgroup_commit_batch();
       if constexpr (kOut) {
 #pragma unroll
@@ -294,13 +299,18 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       cute::warpgroup_commit_batch();
 
       cute::warpgroup_wait<1>();  // batch 1 is done; O's may still run
-      fence_regs(xu);
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) fence_regs(xu[a]);
       fence_regs(u0);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) u0[j][r] -= (xu[0][j][r] + xu[1][j][r]) + (xu[2][j][r] + xu[3][j][r]);
       uint32_t ua[1][4];  // U^T = U0^T - S^T W^T as the A operand (16 v x 16 tokens)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        ua[0][2 * j] = pack_bf16(u0[j][0] - xu[j][0], u0[j][1] - xu[j][1]);
-        ua[0][2 * j + 1] = pack_bf16(u0[j][2] - xu[j][2], u0[j][3] - xu[j][3]);
+        ua[0][2 * j] = pack_bf16(u0[j][0], u0[j][1]);
+        ua[0][2 * j + 1] = pack_bf16(u0[j][2], u0[j][3]);
       }
 
       // S^T <- S^T diag(gC) + U^T kr;  O^T += U^T M^T (same shape as O's batch in flight, so it
