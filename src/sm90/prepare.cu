@@ -12,7 +12,9 @@
 //   2. Gram products kd ki^T (-> L) and qd ki^T (-> M) on warps 0 and 1, while warp 3 adds the
 //      four warps' partial sums into 1 / ||q_t|| and 1 / ||k_t||: the L2 norms fold into
 //      row/column scales of the 16x16 matrices and of the record's rows;
-//   3. (I + L)^-1 by forward substitution on 16 lanes (depth 16);
+//   3. each thread takes its channel of kr = ki e^{G_C} / ||k|| into registers (ki's place goes
+//      to the 16x16 matrices), L and M are normalised in place, and (I + L)^-1 is found by
+//      forward substitution on 16 lanes (depth 16);
 //   4. W^T = kd^T Ak^T as a [channel x token] product, warp w owning channels 32w..32w+31;
 //   5. the record (W, Qd, kr^T, Av, M, gC; params.h, in wgmma's tile layout) is assembled in
 //      shared memory, W and Qd as rows padded to 272 bytes (see assembled()), and written with
@@ -40,23 +42,29 @@ constexpr int kThreads = kHeadDim;  // 4 warps
 constexpr int kPad = kHeadDim + 4;
 constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B fragments
 
-// Shared memory, 33 KB. The raw rows of phase 1 are staged over kd and qd (every thread reads
-// its columns before any of them is written), and the record is assembled over kd and qd once
-// phase 4 is done (ki and the 16x16 matrices, still read in phase 5, lie past them).
+// Shared memory, 26 KB (8 blocks fit an SM). The raw rows of phase 1 are staged over kd and qd
+// (every thread reads its columns before any of them is written); the 16x16 matrices take ki's
+// place once the Grams have read it and each thread has taken its channel of kr into registers
+// (phase 3); the record is assembled over kd and qd once phase 4 is done (the 16x16 matrices,
+// still read in phase 5, lie past them).
 struct Smem {
-  float kd[kChunk][kPad], qd[kChunk][kPad], ki[kChunk][kPad];
-  struct {
-    float gram[2][kChunk][kChunk + 1];  // raw kd ki^T, qd ki^T
-    float L[kChunk][kChunk + 1];        // strictly lower, normalised, times beta
-    float M[kChunk][kSq];               // M (lower incl. diagonal), normalised and scaled
-    float Ak[kChunk][kSq];              // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
-    float Av[kChunk][kSq];              // (I+L)^-1 diag(beta):         U = Av v - W S
-  } m;
+  float kd[kChunk][kPad], qd[kChunk][kPad];
+  union {
+    float ki[kChunk][kPad];  // phases 1-3
+    struct {
+      float L[kChunk][kChunk + 1];  // raw kd ki^T, then (in place) strictly lower, normalised, times beta
+      float M[kChunk][kChunk + 1];  // raw qd ki^T, then (in place) M (lower incl. diagonal), normalised and scaled
+      float Ak[kChunk][kSq];        // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
+      float Av[kChunk][kSq];        // (I+L)^-1 diag(beta):         U = Av v - W S
+    } m;
+  };
   // Per warp, its 32 channels' sums of q_t^2 (row 0) and k_t^2 (row 1): phase 1 -> phase 2.
   float sumsq[kThreads / 32][2][kChunk];
   float beta[kChunk];
   float rk[kChunk], rq[kChunk];  // 1 / ||k_t|| and 1 / ||q_t|| (eps inside the square root)
 };
+static_assert(sizeof(Smem::m) <= sizeof(Smem::ki), "the 16x16 matrices fit over ki");
+static_assert(sizeof(Smem) <= 27 * 1024, "8 blocks of 128 threads fit an SM (228 KB, 1 KB reserved a block)");
 
 // Byte offset in shared memory, relative to the assembly area, of byte b of the chunk record.
 // The record's first 48 rows (W, Qd, kr: bf16 [16][128] each, 256 bytes a row) are assembled
@@ -71,7 +79,7 @@ static_assert(assembled(kRecQd) == kChunk * kAsmRow * 2 && assembled(kRecKr) == 
               "kAsmRow is the assembled row stride");
 static_assert(assembled(kRecAv) % 16 == 0, "16-byte copy-out pieces stay aligned");
 static_assert(assembled(kRecordBytes) <= offsetof(Smem, ki) && offsetof(Smem, kd) == 0,
-              "the record is assembled over kd and qd, below ki and the 16x16 matrices");
+              "the record is assembled over kd and qd, below the 16x16 matrices");
 
 // The chunk's input rows as they are in global memory: 12-16 KB.
 struct Staging {
@@ -194,9 +202,10 @@ __device__ __forceinline__ void tile_times(const float (*T)[kPad], int c0, int g
   }
 }
 
-// 6 blocks per SM (<= 80 registers, 6 x 33 KB of shared memory): phases 2-3 leave warps idle at
-// barriers, which only other resident blocks can fill.
-__global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParams p) {
+// 8 blocks per SM (<= 64 registers, 8 x 26 KB of shared memory): each block runs its phases one
+// after the other, with warps idle at the barriers, which only other resident blocks can fill
+// (docs/perf-notes.md, stage 1's profile: barrier and latency stalls, not bandwidth alone).
+__global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParams p) {
   __shared__ __align__(16) Smem sm;
   // The recurrence is this kernel's programmatic dependent launch (launch.cu): once every block
   // has started, i.e. in the last wave, its blocks may take the SMs this grid leaves idle and
@@ -271,18 +280,11 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
   }
   __syncthreads();
 
-  // Phase 2: warp 0 kd ki^T, warp 1 qd ki^T; warp 3 the norms (lanes 0-15 q, 16-31 k).
+  // Phase 2: warp 0 kd ki^T, warp 1 qd ki^T (into registers); warp 3 the norms (lanes 0-15 q,
+  // 16-31 k).
+  float acc[2][4];
   if (warp < 2) {
-    float acc[2][4];
     gram(warp == 0 ? sm.kd : sm.qd, sm.ki, g, t4, acc);
-    float(*G3)[kChunk + 1] = sm.m.gram[warp];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      G3[g][8 * nt + 2 * t4] = acc[nt][0];
-      G3[g][8 * nt + 2 * t4 + 1] = acc[nt][1];
-      G3[g + 8][8 * nt + 2 * t4] = acc[nt][2];
-      G3[g + 8][8 * nt + 2 * t4 + 1] = acc[nt][3];
-    }
   } else if (warp == 3) {
     const int which = lane / kChunk, t = lane % kChunk;
     float s = 0.f;
@@ -293,14 +295,33 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
   }
   __syncthreads();
 
-  // Phase 3: normalise. L = strictly_lower(diag(b) kn kn^T) and M = lower_incl(scale qn kn^T),
-  // with kn = k / ||k||, qn = q / ||q|| (eps inside the square root).
+  // Phase 3. This thread's channel of kr = ki e^{G_C} / ||k||, bf16 token pairs, kept in
+  // registers for phase 5; then ki is dead and the 16x16 matrices take its place.
+  uint32_t kr[kChunk / 2];
+#pragma unroll
+  for (int t = 0; t < kChunk; t += 2)
+    kr[t / 2] = pack_bf16(sm.ki[t][c] * gC * sm.rk[t], sm.ki[t + 1][c] * gC * sm.rk[t + 1]);
+  __syncthreads();
+  if (warp < 2) {
+    float(*G3)[kChunk + 1] = warp == 0 ? sm.m.L : sm.m.M;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      G3[g][8 * nt + 2 * t4] = acc[nt][0];
+      G3[g][8 * nt + 2 * t4 + 1] = acc[nt][1];
+      G3[g + 8][8 * nt + 2 * t4] = acc[nt][2];
+      G3[g + 8][8 * nt + 2 * t4 + 1] = acc[nt][3];
+    }
+  }
+  __syncthreads();
+  // Normalise, in place (each element is read and written by the same thread):
+  // L = strictly_lower(diag(b) kn kn^T) and M = lower_incl(scale qn kn^T), with kn = k / ||k||,
+  // qn = q / ||q|| (eps inside the square root).
 #pragma unroll
   for (int e = c; e < kChunk * kChunk; e += kThreads) {
     const int i = e / kChunk, j = e % kChunk;
     const float rki = sm.rk[i], rkj = sm.rk[j], rqi = sm.rq[i];
-    sm.m.L[i][j] = j < i ? sm.beta[i] * sm.m.gram[0][i][j] * rki * rkj : 0.f;
-    sm.m.M[i][j] = j <= i ? p.scale * sm.m.gram[1][i][j] * rqi * rkj : 0.f;
+    sm.m.L[i][j] = j < i ? sm.beta[i] * sm.m.L[i][j] * rki * rkj : 0.f;
+    sm.m.M[i][j] = j <= i ? p.scale * sm.m.M[i][j] * rqi * rkj : 0.f;
   }
   __syncthreads();
   // (I + L)^-1, column j per lane, in axpy order: the dependent chain is 16 steps long.
@@ -361,13 +382,8 @@ __global__ void __launch_bounds__(kThreads, 6) prepare_kernel(const PrepareParam
     }
   }
   {
-    uint32_t kr[kChunk / 2];  // kr = ki e^{G_C} / ||k|| (ki lies past the record)
 #pragma unroll
-    for (int t = 0; t < kChunk; t += 2) {
-      sQd[t * kAsmRow + c] = __float2bfloat16(qd[t]);
-      sQd[(t + 1) * kAsmRow + c] = __float2bfloat16(qd[t + 1]);
-      kr[t / 2] = pack_bf16(sm.ki[t][c] * gC * sm.rk[t], sm.ki[t + 1][c] * gC * sm.rk[t + 1]);
-    }
+    for (int t = 0; t < kChunk; ++t) sQd[t * kAsmRow + c] = __float2bfloat16(qd[t]);
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       *reinterpret_cast<uint4*>(st + assembled(kRecKr + gmma_tile_offset(c, 8 * half, kChunk))) =
