@@ -15,7 +15,7 @@
 // ~70% of the v8 kernel's shared-memory traffic), and one instruction replaces 4-16 HMMAs.
 // The accumulator of one product is, register for register, the A operand of the next (the
 // FlashAttention register reuse), so S and U never leave registers. Records are prefetched
-// kStages - 1 chunks ahead with cp.async, a byte-for-byte copy.
+// kStages - 2 chunks ahead with cp.async, a byte-for-byte copy.
 #include <cuda_bf16.h>
 
 #include <type_traits>
@@ -37,7 +37,7 @@ namespace gmma = cute::SM90::GMMA;
 template <gmma::ScaleIn kScaleA>
 using MmaN16 = gmma::MMA_64x16x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K, kScaleA, gmma::ScaleIn::One>;
 using MmaN128 = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-constexpr int kStages = 5;
+constexpr int kStages = 6;
 
 template <int NW>
 struct Layout {
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     left_next -= kChunk;
   };
 #pragma unroll
-  for (int s0 = 0; s0 < kStages - 1; ++s0) {
+  for (int s0 = 0; s0 < kStages - 2; ++s0) {
     if (c_begin + s0 < c_end) load_next(s0);
     cute::cp_async_fence();
   }
@@ -229,32 +229,67 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   // The chunk loop, with the pass's branches resolved at compile time (kOut: write out, else
   // the segment-map pass; kU0: U starts from v^T Av^T, else from 0): wgmma batches inside
   // run-time branches made ptxas inject warpgroup.arrive/wait around them.
+  //
+  // The tensor cores run a warpgroup's wgmmas in issue order, so O's nine products (S^T Qd^T,
+  // U^T M^T), which nothing in the chain needs, are issued after the state update and left
+  // running into the next step, beside its barrier, gate scaling and packing; chunk c's O is
+  // written out in step c + 1. Their A operands (S^T and U^T of chunk c) must survive that long:
+  // sa, ua and o alternate between two register sets by the parity of the step, and a chunk's
+  // stage buffer is refilled only two steps after its own (kStages - 2 chunks are in flight).
   auto chunk_loop = [&](auto out_tag, auto u0_tag) {
     constexpr bool kOut = decltype(out_tag)::value, kU0 = decltype(u0_tag)::value;
-    int buf = 0;  // the current chunk's stage buffer
-    for (int64_t c = c_begin; c < c_end; ++c) {
+    uint32_t sa[2][kHeadDim / 16][4];  // A operand of S^T, 8 k-steps of 16 key channels
+    uint32_t ua[2][1][4];              // U^T as the A operand (16 v x 16 tokens)
+    float o[2][2][4];                  // O^T of the chunk (16 v x 16 tokens)
+    int buf = 0;                       // the current chunk's stage buffer
+
+    // O^T of the previous chunk -> [token][v] staging -> 32 contiguous bytes per token row of
+    // out. stmatrix.trans writes the four 8x8 tiles (token tile j, value half h) of O^T as token
+    // rows of 16 bytes; the half is XOR-swizzled by bit 2 of the token so that the 8 rows of a
+    // tile (32 bytes apart) hit distinct banks.
+    auto write_out = [&](const float (&op)[2][4]) {
+      char* stage_out = smem + L::kOut + warp * (kChunk * 32);
+      {
+        const int j = lane / 8, tok = (j / 2) * 8 + lane % 8, h = (j % 2) ^ ((tok / 4) & 1);
+        cute::SM90_U16x8_STSM_T::copy(pack_bf16(op[0][0], op[0][1]), pack_bf16(op[0][2], op[0][3]),
+                                      pack_bf16(op[1][0], op[1][1]), pack_bf16(op[1][2], op[1][3]),
+                                      *reinterpret_cast<cute::uint128_t*>(stage_out + tok * 32 + h * 16));
+      }
+      __syncwarp();
+      if (out_t < left)
+        *reinterpret_cast<uint4*>(out_next) =
+            *reinterpret_cast<const uint4*>(stage_out + out_t * 32 + ((lane % 2) ^ ((out_t / 4) & 1)) * 16);
+      __syncwarp();  // the next chunk's stmatrix reuses the staging
+      out_next += kChunk * HV * kHeadDim;
+      left -= kChunk;
+    };
+
+    // front(c): chunk c's U (and chunk c - 1's O written out); back(c): its state update and O.
+    // The loop runs back(c), front(c + 1), so that at its back edge no wgmma is pending: where
+    // paths with products in flight merge, ptxas injects a wait for all of them.
+    auto front = [&](auto parity_tag, int64_t c) {
+      constexpr int cur = decltype(parity_tag)::value;
+      [[maybe_unused]] constexpr int prv = 1 - cur;
       char* stage = smem + buf * L::kStage;
       const StageDescs desc(stage);
-      // Chunk c's copies are done once at most kStages - 2 newer groups are pending. They wrote
+      // Chunk c's copies are done once at most kStages - 3 newer groups are pending. They wrote
       // shared memory through the generic proxy and wgmma reads it through the async proxy: each
-      // thread fences its own copies, then the barrier makes all of them visible and proves every
-      // warp is done with chunk c - 1, whose buffer (the one kStages - 1 ahead) is refilled right
-      // after it: one barrier per step.
-      cute::cp_async_wait<kStages - 2>();
+      // thread fences its own copies, then the barrier makes all of them visible and proves that
+      // every warp has passed step c - 1's wait for the products of chunk c - 2, whose buffer (the
+      // one kStages - 2 ahead) is refilled right after it: one barrier per step.
+      cute::cp_async_wait<kStages - 3>();
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       __syncthreads();
-      const int ahead_buf = buf == 0 ? kStages - 1 : buf - 1;
-      if (c + kStages - 1 < c_end) load_next(ahead_buf);
+      const int ahead_buf = buf + kStages - 2 < kStages ? buf + kStages - 2 : buf - 2;
+      if (c + kStages - 2 < c_end) load_next(ahead_buf);
       cute::cp_async_fence();
 
-      // A operand of S^T for the 8 k-steps of 16 key channels.
-      uint32_t sa[kHeadDim / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        sa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        sa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        sa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        sa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        sa[cur][kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        sa[cur][kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        sa[cur][kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        sa[cur][kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
       }
       // v^T as the A operand of U0^T = v^T (Av + Av lo)^T (16 v x 16 tokens, ldmatrix.trans of
       // the [token][v] rows: lanes 0-7 / 8-15 / 16-23 / 24-31 address the four 8x8 tiles).
@@ -278,80 +313,101 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         }
       }
 
-      // xu[a] = the part of S^T W^T over k-steps a and a + 4 (batch 1), u0 = U0^T: U^T = u0 -
-      // sum_a xu[a]. Five accumulators instead of one: the wgmmas into one accumulator run one
-      // after the other at their full latency, and m64n16k16 is too small to hide it, so the
-      // chain of U is 2 products deep instead of 10. o = S^T Qd^T (O's start, batch 2: off the
-      // chain). This warp's rows v0+g, v0+g+8; token columns 8j + 2*t4 + {0,1}.
+      // U^T = v^T (Av + Av lo)^T - S^T W^T over four accumulators: xu[a] takes k-steps a and
+      // a + 4 of -S^T W^T (A scaled by -1), xu[2] and xu[3] start from v^T Av^T and v^T Av lo^T.
+      // The wgmmas into one accumulator run one after the other at their full latency and
+      // m64n16k16 is too small to hide it: the chain of U is 3 products deep instead of 10.
+      // This warp's rows v0+g, v0+g+8; token columns 8j+2*t4+{0,1}.
       constexpr int kAcc = 4;
-      float xu[kAcc][2][4] = {}, o[2][4] = {}, u0[2][4] = {};
+      float xu[kAcc][2][4] = {};
 #pragma unroll
       for (int a = 0; a < kAcc; ++a) fence_regs(xu[a]);
-      fence_regs(o);
-      fence_regs(u0);
       fence_regs(s);
       cute::warpgroup_arrive();
       if constexpr (kU0) {
-        mma_n16(u0, va[0], desc.tile(kRecAv, kChunk, 0));
-        mma_n16(u0, va[0], desc.tile(kRecAvLo, kChunk, 0));
+        mma_n16(xu[2], va[0], desc.tile(kRecAv, kChunk, 0));
+        mma_n16(xu[3], va[0], desc.tile(kRecAvLo, kChunk, 0));
       }
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(xu[kk % kAcc], sa[kk], desc.tile(kRecW, kHeadDim, kk));
+      for (int kk = 0; kk < kHeadDim / 16; ++kk)
+        mma_n16<gmma::ScaleIn::Neg>(xu[kk % kAcc], sa[cur][kk], desc.tile(kRecW, kHeadDim, kk));
       cute::warpgroup_commit_batch();
-      if constexpr (kOut) {
-#pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(o, sa[kk], desc.tile(kRecQd, kHeadDim, kk));
-      }
-      cute::warpgroup_commit_batch();
-
-      cute::warpgroup_wait<1>();  // batch 1 is done; O's may still run
+      cute::warpgroup_wait<0>();  // this batch, and the previous chunk's O before it
 #pragma unroll
       for (int a = 0; a < kAcc; ++a) fence_regs(xu[a]);
-      fence_regs(u0);
+      fence_regs(va);
+      if constexpr (kOut) {
+        fence_regs(o[prv]);
+        fence_regs(sa[prv]);
+        fence_regs(ua[prv]);
+        if (c > c_begin) write_out(o[prv]);
+      }
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) u0[j][r] -= (xu[0][j][r] + xu[1][j][r]) + (xu[2][j][r] + xu[3][j][r]);
-      uint32_t ua[1][4];  // U^T = U0^T - S^T W^T as the A operand (16 v x 16 tokens)
+        for (int r = 0; r < 4; ++r) xu[0][j][r] = (xu[0][j][r] + xu[1][j][r]) + (xu[2][j][r] + xu[3][j][r]);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        ua[0][2 * j] = pack_bf16(u0[j][0], u0[j][1]);
-        ua[0][2 * j + 1] = pack_bf16(u0[j][2], u0[j][3]);
+        ua[cur][0][2 * j] = pack_bf16(xu[0][j][0], xu[0][j][1]);
+        ua[cur][0][2 * j + 1] = pack_bf16(xu[0][j][2], xu[0][j][3]);
       }
 
-      // S^T <- S^T diag(gC) + U^T kr;  O^T += U^T M^T (same shape as O's batch in flight, so it
-      // chains onto it without a wait).
+    };
+    auto back = [&](auto parity_tag) {
+      constexpr int cur = decltype(parity_tag)::value;
+      char* stage = smem + buf * L::kStage;
+      const StageDescs desc(stage);
+      // S^T <- S^T diag(gC) + U^T kr (the chain); then O^T = S^T Qd^T + U^T M^T (old S), left
+      // running into the next step.
+      if constexpr (kOut) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) o[cur][j][r] = 0.f;
+        fence_regs(o[cur]);
+      }
       cute::warpgroup_arrive();
-      mma_n128(s, ua[0], desc.tile(kRecKr, kChunk, 0));
-      if constexpr (kOut) mma_n16(o, ua[0], desc.tile(kRecM, kChunk, 0));
+      mma_n128(s, ua[cur][0], desc.tile(kRecKr, kChunk, 0));
       cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<0>();
-      fence_regs(s);
-      fence_regs(o);
-      fence_regs(sa);  // the A registers stay untouched until the products that read them are done
-      fence_regs(va);
-      fence_regs(ua);
-
-      if constexpr (kOut) {  // O^T -> [token][v] staging -> 32 contiguous bytes per token row of out
-        // stmatrix.trans writes the four 8x8 tiles (token tile j, value half h) of O^T as token
-        // rows of 16 bytes; the half is XOR-swizzled by bit 2 of the token so that the 8 rows of
-        // a tile (32 bytes apart) hit distinct banks.
-        char* stage_out = smem + L::kOut + warp * (kChunk * 32);
-        {
-          const int j = lane / 8, tok = (j / 2) * 8 + lane % 8, h = (j % 2) ^ ((tok / 4) & 1);
-          cute::SM90_U16x8_STSM_T::copy(pack_bf16(o[0][0], o[0][1]), pack_bf16(o[0][2], o[0][3]),
-                                        pack_bf16(o[1][0], o[1][1]), pack_bf16(o[1][2], o[1][3]),
-                                        *reinterpret_cast<cute::uint128_t*>(stage_out + tok * 32 + h * 16));
-        }
-        __syncwarp();
-        if (out_t < left)
-          *reinterpret_cast<uint4*>(out_next) =
-              *reinterpret_cast<const uint4*>(stage_out + out_t * 32 + ((lane % 2) ^ ((out_t / 4) & 1)) * 16);
-        out_next += kChunk * HV * kHeadDim;
+      if constexpr (kOut) {
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(o[cur], sa[cur][kk], desc.tile(kRecQd, kHeadDim, kk));
+        mma_n16(o[cur], ua[cur][0], desc.tile(kRecM, kChunk, 0));
       }
-      left -= kChunk;
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<1>();  // the state update is done; O may still run
+      fence_regs(s);
       buf = buf == kStages - 1 ? 0 : buf + 1;
+    };
+
+    using P0 = std::integral_constant<int, 0>;
+    using P1 = std::integral_constant<int, 1>;
+    int64_t c = c_begin;
+    int last = 0;  // the parity of the last chunk, whose O is still pending after the loop
+    if (c < c_end) {
+      front(P0{}, c);
+      while (true) {
+        back(P0{});
+        if (++c == c_end) { last = 0; break; }
+        front(P1{}, c);
+        back(P1{});
+        if (++c == c_end) { last = 1; break; }
+        front(P0{}, c);
+      }
     }
+    cute::warpgroup_wait<0>();
+    if constexpr (kOut) {
+      fence_regs(o[0]);
+      fence_regs(o[1]);
+      if (c_begin < c_end) {
+        if (last == 0) write_out(o[0]);
+        else write_out(o[1]);
+      }
+    }
+    fence_regs(sa[0]);
+    fence_regs(sa[1]);
+    fence_regs(ua[0]);
+    fence_regs(ua[1]);
   };
   if (!maps)
     chunk_loop(std::true_type{}, std::true_type{});
