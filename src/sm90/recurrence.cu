@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
 
       // S^T diag(gC), the first half of the state update (the old S is in sa now). Before the
       // batch, not beside it: ptxas waits for a batch in flight before any write to a register
-      // that is some wgmma's accumulator.
+      // that is some wgmma's accumulator (C7517, checked again in v10).
       {
         const float* gc = reinterpret_cast<const float*>(stage + kRecGC);
 #pragma unroll
@@ -340,7 +340,6 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         fence_regs(o[prv]);
         fence_regs(sa[prv]);
         fence_regs(ua[prv]);
-        if (c > c_begin) write_out(o[prv]);
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j)
@@ -353,7 +352,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       }
 
     };
-    auto back = [&](auto parity_tag) {
+    auto back = [&](auto parity_tag, bool write_prev) {
       constexpr int cur = decltype(parity_tag)::value;
       char* stage = smem + buf * L::kStage;
       const StageDescs desc(stage);
@@ -375,6 +374,9 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         mma_n16(o[cur], ua[cur][0], desc.tile(kRecM, kChunk, 0));
       }
       cute::warpgroup_commit_batch();
+      if constexpr (kOut) {  // the previous chunk's O (complete since front's wait), off the chain
+        if (write_prev) write_out(o[1 - cur]);
+      }
       cute::warpgroup_wait<1>();  // the state update is done; O may still run
       fence_regs(s);
       buf = buf == kStages - 1 ? 0 : buf + 1;
@@ -387,10 +389,10 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     if (c < c_end) {
       front(P0{}, c);
       while (true) {
-        back(P0{});
+        back(P0{}, c > c_begin);
         if (++c == c_end) { last = 0; break; }
         front(P1{}, c);
-        back(P1{});
+        back(P1{}, true);
         if (++c == c_end) { last = 1; break; }
         front(P0{}, c);
       }
