@@ -16,7 +16,7 @@ namespace flash_kda::sm90 {
 namespace {
 
 constexpr int kRows = 16;                 // rows of X per block
-constexpr int kThreads = 256;             // 16 threads per row, 8 columns each
+constexpr int kThreads = 256;             // warp w: rows w and w + 8; lane l: columns 4l .. 4l + 3
 constexpr int kXPad = kHeadDim + 4;
 constexpr int kPBytes = kHeadDim * kHeadDim * 4;
 constexpr int kSmemBytes = 2 * kPBytes + kRows * kXPad * 4;  // P_j and P_{j+1}, then X
@@ -25,31 +25,40 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
   extern __shared__ __align__(16) float smem[];
   float(*X)[kXPad] = reinterpret_cast<float(*)[kXPad]>(smem + 2 * kHeadDim * kHeadDim);
 
-  const int tid = threadIdx.x, r = tid / 16, k0 = (tid % 16) * 8;
+  // A warp reads each row of P_j as 32 lanes x 16 contiguous bytes (the fewest shared-memory
+  // wavefronts, 4) and uses it for two rows of X; with 16 threads x 8 columns per row (v5) the
+  // reads were 2-way bank-conflicted and each served one row: ~17 wavefronts per k per warp,
+  // which made the step shared-memory bound (~9.8 us on the H200).
+  const int tid = threadIdx.x, r0 = tid / 32, k0 = (tid % 32) * 4;
   const int64_t n = blockIdx.x;
-  const int hv = blockIdx.y, v = blockIdx.z * kRows + r;
+  const int hv = blockIdx.y, v0 = blockIdx.z * kRows + r0;
   const int64_t HV = p.value_heads;
   const int64_t seq_len = p.seqs.length(n);
   const int64_t num_chunks = seq_len > 0 ? (seq_len + kChunk - 1) / kChunk : 0;
   const int64_t num_segs = num_chunks > 0 ? (num_chunks + p.seg_len - 1) / p.seg_len : 1;
   const int64_t maps_per_seq = p.max_segs - 1;
-  auto store = [&](int64_t j, const float (&x)[8]) {
-    float* out = p.seg_states + ((n * p.max_segs + j) * HV + hv) * (kHeadDim * kHeadDim) + v * kHeadDim + k0;
-    *reinterpret_cast<float4*>(out) = make_float4(x[0], x[1], x[2], x[3]);
-    *reinterpret_cast<float4*>(out + 4) = make_float4(x[4], x[5], x[6], x[7]);
+  // x[h][i]: row r0 + 8h (of this block's 16), column k0 + i.
+  auto store = [&](int64_t j, const float (&x)[2][4]) {
+    float* out = p.seg_states + ((n * p.max_segs + j) * HV + hv) * (kHeadDim * kHeadDim) + v0 * kHeadDim + k0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float4*>(out + h * 8 * kHeadDim) = make_float4(x[h][0], x[h][1], x[h][2], x[h][3]);
   };
 
-  float x[8];
+  float x[2][4];
   {
-    const int64_t off = ((n * HV + hv) * kHeadDim + v) * kHeadDim + k0;
+    const int64_t off = ((n * HV + hv) * kHeadDim + v0) * kHeadDim + k0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[i] = 0.f;
-      if (p.initial_state != nullptr)
-        x[i] = p.state_is_f32 ? static_cast<const float*>(p.initial_state)[off + i]
-                              : __bfloat162float(static_cast<const __nv_bfloat16*>(p.initial_state)[off + i]);
-      X[r][k0 + i] = x[i];
-    }
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t e = off + h * 8 * kHeadDim + i;
+        x[h][i] = 0.f;
+        if (p.initial_state != nullptr)
+          x[h][i] = p.state_is_f32 ? static_cast<const float*>(p.initial_state)[e]
+                                   : __bfloat162float(static_cast<const __nv_bfloat16*>(p.initial_state)[e]);
+        X[r0 + 8 * h][k0 + i] = x[h][i];
+      }
     store(0, x);
   }
 
@@ -71,27 +80,29 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
     cute::cp_async_fence();
     const float* Q = p.seg_maps + ((n * maps_per_seq + j) * HV + hv) * 2 * (kHeadDim * kHeadDim) + kHeadDim * kHeadDim;
     const float* Pm = smem + (j & 1) * (kHeadDim * kHeadDim);
-    float acc[8];
-    {
-      const float4 q0 = *reinterpret_cast<const float4*>(Q + v * kHeadDim + k0);
-      const float4 q1 = *reinterpret_cast<const float4*>(Q + v * kHeadDim + k0 + 4);
-      acc[0] = q0.x; acc[1] = q0.y; acc[2] = q0.z; acc[3] = q0.w;
-      acc[4] = q1.x; acc[5] = q1.y; acc[6] = q1.z; acc[7] = q1.w;
+    float acc[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 q = *reinterpret_cast<const float4*>(Q + (v0 + 8 * h) * kHeadDim + k0);
+      acc[h][0] = q.x; acc[h][1] = q.y; acc[h][2] = q.z; acc[h][3] = q.w;
     }
     cute::cp_async_wait<1>();
     __syncthreads();  // P_j and X_j complete
 #pragma unroll 8
     for (int m = 0; m < kHeadDim; ++m) {
-      const float xm = X[r][m];
-      const float4 p0 = *reinterpret_cast<const float4*>(Pm + m * kHeadDim + k0);
-      const float4 p1 = *reinterpret_cast<const float4*>(Pm + m * kHeadDim + k0 + 4);
-      acc[0] += xm * p0.x; acc[1] += xm * p0.y; acc[2] += xm * p0.z; acc[3] += xm * p0.w;
-      acc[4] += xm * p1.x; acc[5] += xm * p1.y; acc[6] += xm * p1.z; acc[7] += xm * p1.w;
+      const float4 pm = *reinterpret_cast<const float4*>(Pm + m * kHeadDim + k0);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float xm = X[r0 + 8 * h][m];
+        acc[h][0] += xm * pm.x; acc[h][1] += xm * pm.y; acc[h][2] += xm * pm.z; acc[h][3] += xm * pm.w;
+      }
     }
     __syncthreads();  // everyone is done reading P_j and X_j
     store(j + 1, acc);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) X[r][k0 + i] = acc[i];
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) X[r0 + 8 * h][k0 + i] = acc[h][i];
   }
   cute::cp_async_wait<0>();  // no copy outlives the block
 }
