@@ -350,7 +350,6 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         ua[cur][0][2 * j] = pack_bf16(xu[0][j][0], xu[0][j][1]);
         ua[cur][0][2 * j + 1] = pack_bf16(xu[0][j][2], xu[0][j][3]);
       }
-
     };
     auto back = [&](auto parity_tag, bool write_prev) {
       constexpr int cur = decltype(parity_tag)::value;
