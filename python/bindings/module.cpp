@@ -1,8 +1,7 @@
 // flash_kda._core: the nanobind extension. Thin: converts DLPack arrays (or, on the fast path,
 // raw descriptions of CUDA torch tensors) to TensorViews, fills a ForwardArgs and calls the C++
-// API (include/flash_kda/forward.h). Policy that needs torch (the
-// workspace allocator, the current stream) lives in python/flash_kda/ so this module never
-// links against PyTorch.
+// API (include/flash_kda/forward.h). Policy that needs torch (the workspace allocator, the
+// current stream) lives in python/flash_kda/ so this module never links against PyTorch.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,26 +29,33 @@ using Out = nb::ndarray<>;
 using OptIn = std::optional<In>;
 using OptOut = std::optional<Out>;
 
-/// Arrays of one call in API order; the same for the GPU path and the reference.
+/// The eleven arrays of one call, in API order (forward_raw's descriptions come in this order).
+constexpr const char* kArrayNames[] = {"q",     "k",       "v",          "g",             "beta",       "out",
+                                       "A_log", "dt_bias", "cu_seqlens", "initial_state", "final_state"};
+constexpr size_t kArrays = sizeof(kArrayNames) / sizeof(kArrayNames[0]);
+
+/// ForwardArgs from the arrays' views in kArrayNames order: the one place that maps them to
+/// fields, for the DLPack path, the raw path and the reference.
+ForwardArgs args_from_views(const TensorView (&v)[kArrays], std::optional<double> scale, double lower_bound) {
+  ForwardArgs a;
+  a.q = v[0]; a.k = v[1]; a.v = v[2]; a.g = v[3]; a.beta = v[4]; a.out = v[5];
+  a.A_log = v[6]; a.dt_bias = v[7]; a.cu_seqlens = v[8]; a.initial_state = v[9]; a.final_state = v[10];
+  a.scale = scale;
+  a.lower_bound = lower_bound;
+  return a;
+}
+
+/// DLPack arrays of one call; the same for the GPU path and the reference.
 ForwardArgs make_args(const In& q, const In& k, const In& v, const In& g, const In& beta, const Out& out,
                       const OptIn& A_log, const OptIn& dt_bias, const OptIn& cu_seqlens,
                       const OptIn& initial_state, const OptOut& final_state, std::optional<double> scale,
                       double lower_bound) {
-  ForwardArgs a;
-  a.q = to_view(q, "q");
-  a.k = to_view(k, "k");
-  a.v = to_view(v, "v");
-  a.g = to_view(g, "g");
-  a.beta = to_view(beta, "beta");
-  a.out = to_view(out, "out");
-  a.A_log = to_view(A_log, "A_log");
-  a.dt_bias = to_view(dt_bias, "dt_bias");
-  a.cu_seqlens = to_view(cu_seqlens, "cu_seqlens");
-  a.initial_state = to_view(initial_state, "initial_state");
-  a.final_state = to_view(final_state, "final_state");
-  a.scale = scale;
-  a.lower_bound = lower_bound;
-  return a;
+  const TensorView views[kArrays] = {
+      to_view(q, kArrayNames[0]),          to_view(k, kArrayNames[1]),       to_view(v, kArrayNames[2]),
+      to_view(g, kArrayNames[3]),          to_view(beta, kArrayNames[4]),    to_view(out, kArrayNames[5]),
+      to_view(A_log, kArrayNames[6]),      to_view(dt_bias, kArrayNames[7]), to_view(cu_seqlens, kArrayNames[8]),
+      to_view(initial_state, kArrayNames[9]), to_view(final_state, kArrayNames[10])};
+  return args_from_views(views, scale, lower_bound);
 }
 
 GateMode parse_gate(const std::string& s) {
@@ -109,17 +115,10 @@ void forward_py(const In& q, const In& k, const In& v, const In& g, const In& be
 /// are enqueued (later use is stream-ordered, as for any torch temporary).
 void forward_raw_py(const nb::tuple& raw, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
                     uintptr_t stream) {
-  static constexpr const char* kNames[] = {"q", "k", "v", "g", "beta", "out", "A_log", "dt_bias",
-                                           "cu_seqlens", "initial_state", "final_state"};
-  constexpr size_t kCount = sizeof(kNames) / sizeof(kNames[0]);
-  if (nb::len(raw) != kCount) throw Error("forward_raw", "11 tensor descriptions");
-  TensorView v[kCount];
-  for (size_t i = 0; i < kCount; ++i) v[i] = raw_view(raw[i], kNames[i]);
-  ForwardArgs a;
-  a.q = v[0]; a.k = v[1]; a.v = v[2]; a.g = v[3]; a.beta = v[4]; a.out = v[5];
-  a.A_log = v[6]; a.dt_bias = v[7]; a.cu_seqlens = v[8]; a.initial_state = v[9]; a.final_state = v[10];
-  a.scale = scale;
-  a.lower_bound = lower_bound;
+  if (nb::len(raw) != kArrays) throw Error("forward_raw", "11 tensor descriptions");
+  TensorView views[kArrays];
+  for (size_t i = 0; i < kArrays; ++i) views[i] = raw_view(raw[i], kArrayNames[i]);
+  const ForwardArgs a = args_from_views(views, scale, lower_bound);
   const size_t need = forward_workspace_size(a);  // validates: throws before any allocation
   nb::object ws = alloc(need);
   void* data = reinterpret_cast<void*>(nb::cast<uintptr_t>(ws.attr("data_ptr")()));
