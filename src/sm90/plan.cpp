@@ -34,18 +34,11 @@ constexpr int64_t kMinSegChunks = 32;
 constexpr int64_t kMinSegments = 8;
 constexpr int64_t kMaxSegments = 16;
 
-int64_t segments_override() {
-  const char* env = std::getenv("FLASH_KDA_SM90_SEGMENTS");
-  const long long s = env ? std::atoll(env) : 0;
-  return s > 0 ? s : 0;
-}
-
-// FLASH_KDA_SM90_WINDOW_SLOTS=n (n >= 1) forces the window size: a test knob that makes small
-// problems cross several windows (tests/python/test_fwd_windows.py).
-int64_t window_override() {
-  const char* env = std::getenv("FLASH_KDA_SM90_WINDOW_SLOTS");
-  const long long w = env ? std::atoll(env) : 0;
-  return w > 0 ? w : 0;
+// A knob's value when the variable is set to a positive integer, else 0 (unset: the plan decides).
+int64_t positive_env(const char* name) {
+  const char* env = std::getenv(name);
+  const long long v = env ? std::atoll(env) : 0;
+  return v > 0 ? v : 0;
 }
 
 }  // namespace
@@ -54,7 +47,9 @@ Plan make_plan(const ProblemShape& p) {
   Plan plan;
   plan.total_slots = p.num_seqs + (p.batch * p.seqlen + kChunk - 1) / kChunk;
   const int64_t per_slot = p.value_heads * int64_t(kRecordBytes);
-  const int64_t forced = window_override();
+  // FLASH_KDA_SM90_WINDOW_SLOTS=n forces the window size: a test knob that makes small problems
+  // cross several windows (tests/python/test_fwd_windows.py).
+  const int64_t forced = positive_env("FLASH_KDA_SM90_WINDOW_SLOTS");
   plan.window_slots = forced > 0 ? forced : std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget) / per_slot);
   plan.window_slots = std::max<int64_t>(std::min(plan.window_slots, plan.total_slots), 1);
   plan.num_windows = (plan.total_slots + plan.window_slots - 1) / plan.window_slots;
@@ -67,7 +62,7 @@ Plan make_plan(const ProblemShape& p) {
   const int64_t mean_chunks =
       p.varlen ? (p.batch * p.seqlen + kChunk - 1) / kChunk / std::max<int64_t>(p.num_seqs, 1) : max_chunks;
   const int64_t pairs = std::max<int64_t>(p.num_seqs * p.value_heads, 1);
-  int64_t segs = std::min(segments_override(), max_chunks);  // a forced count, capped
+  int64_t segs = std::min(positive_env("FLASH_KDA_SM90_SEGMENTS"), max_chunks);  // a forced count, capped
   if (segs <= 0) {
     segs = std::min({kWaveSMs / pairs, mean_chunks / kMinSegChunks, kMaxSegments});
     if (segs < kMinSegments) segs = 1;
