@@ -156,7 +156,7 @@ struct ScanParams {
 cudaError_t launch_prepare(const PrepareParams& p, struct CUstream_st* stream);
 /// How stage 2 is launched.
 struct RecurrenceLaunch {
-  int warps_per_block = 8;   // 1, 2, 4 or 8: 16 value columns per warp
+  int warps_per_block = 8;   // 4 or 8 (one or two warpgroups): 16 value columns per warp
   int64_t max_seqs = 0;      // sequences overlapping the window at most (each owns >= 1 slot)
   bool after_prepare = false;  // directly follows launch_prepare on the stream: launched as its
                                // programmatic dependent (starts in stage 1's last wave)

@@ -27,6 +27,7 @@
 #include <cute/arch/mma_sm80.hpp>
 
 #include "common/gate.h"
+#include "sm90/bf16.h"
 #include "sm90/params.h"
 
 namespace flash_kda::sm90 {
@@ -146,11 +147,6 @@ __device__ __forceinline__ float warp_sumsq_scatter(const float (&x)[kChunk], in
       s[j] = (upper ? s[j + h] : s[j]) + __shfl_xor_sync(0xffffffffu, upper ? s[j] : s[j + h], 2 * h);
   }
   return s[0] + __shfl_xor_sync(0xffffffffu, s[0], 1);
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
 }
 
 // acc[nt] += A[16 x 128] B[16 x 128]^T over all channels for token n-tiles nt = 0, 1

@@ -27,6 +27,7 @@
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
+#include "sm90/bf16.h"
 #include "sm90/kernel_attrs.h"
 #include "sm90/params.h"
 
@@ -50,11 +51,6 @@ struct Layout {
   static constexpr int kBytes = kOut + NW * kChunk * 32;
   static_assert(kStage % 128 == 0, "stage buffers keep the record's tiles 128-byte aligned");
 };
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
 
 // wgmma descriptors of the bf16 [N][K] tiles of one stage buffer, laid out by gmma_tile_offset
 // (no swizzle; K = 16 x k-steps). They differ only in the start address (bits 0-13, in 16-byte
