@@ -1,7 +1,4 @@
 // The public GPU entry point: validate the whole call, then hand it to the launch logic.
-#include <cstdint>
-#include <string>
-
 #include "flash_kda/forward.h"
 #if FLASH_KDA_WITH_CUDA
 #include "sm90/launch.h"
@@ -22,13 +19,7 @@ size_t forward_workspace_size(const ForwardArgs& args) {
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, Stream stream) {
   const ProblemShape p = validate(args, Target::Sm90);
 #if FLASH_KDA_WITH_CUDA
-  const size_t need = sm90::workspace_bytes(p);
-  if (workspace_bytes < need)
-    throw Error("workspace", "at least " + std::to_string(need) + " bytes (forward_workspace_size), got " +
-                                 std::to_string(workspace_bytes));
-  if (need > 0 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0))
-    throw Error("workspace", "a non-null device pointer aligned to 256 bytes");
-  sm90::launch_forward(args, p, workspace, workspace_bytes, stream);
+  sm90::launch_forward(args, p, workspace, workspace_bytes, stream);  // checks the workspace first
 #else
   (void)p; (void)workspace; (void)workspace_bytes; (void)stream;
   throw Error("device", "flash_kda was built without its CUDA kernels (FLASH_KDA_CUDA=OFF)");

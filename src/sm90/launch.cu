@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -71,15 +72,25 @@ DeviceInfo device_info(int device) {
   return info[device];
 }
 
-}  // namespace
-
-size_t workspace_bytes(const ProblemShape& p) {
-  const Plan plan = make_plan(p);
+size_t workspace_bytes(const Plan& plan) {
   return round_up(plan.records_bytes) + round_up(plan.carry_bytes) + round_up(plan.seg_maps_bytes) +
          round_up(plan.seg_states_bytes);
 }
 
-void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace, size_t, Stream stream) {
+}  // namespace
+
+size_t workspace_bytes(const ProblemShape& p) { return workspace_bytes(make_plan(p)); }
+
+void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace, size_t have, Stream stream) {
+  // One plan per call: it sizes the workspace check and lays the workspace out.
+  const Plan plan = make_plan(p);
+  const size_t need = workspace_bytes(plan);
+  if (have < need)
+    throw Error("workspace", "at least " + std::to_string(need) + " bytes (forward_workspace_size), got " +
+                                 std::to_string(have));
+  if (need > 0 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0))
+    throw Error("workspace", "a non-null device pointer aligned to 256 bytes");
+
   const int device = a.q.device_id;
   DeviceGuard guard(device);
   const DeviceInfo info = device_info(device);
@@ -87,7 +98,6 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
     throw Error("q", "tensors on an sm_90 (Hopper) GPU; device " + std::to_string(device) + " is sm_" +
                          std::to_string(info.major) + std::to_string(info.minor));
 
-  const Plan plan = make_plan(p);
   char* records = static_cast<char*>(workspace);
   float* carry = reinterpret_cast<float*>(records + round_up(plan.records_bytes));
   float* seg_maps = reinterpret_cast<float*>(reinterpret_cast<char*>(carry) + round_up(plan.carry_bytes));
