@@ -336,6 +336,10 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         fence_regs(o[prv]);
         fence_regs(sa[prv]);
         fence_regs(ua[prv]);
+        // Two warpgroups: the other one hides this store, and after the state update's issue
+        // it would sit in front of that update's wait (v10b: h96 cases +1.5-4%).
+        if constexpr (NW == 8)
+          if (c > c_begin) write_out(o[prv]);
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j)
@@ -369,9 +373,10 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         mma_n16(o[cur], ua[cur][0], desc.tile(kRecM, kChunk, 0));
       }
       cute::warpgroup_commit_batch();
-      if constexpr (kOut) {  // the previous chunk's O (complete since front's wait), off the chain
+      // One warpgroup: the previous chunk's O (complete since front's wait) goes out here, beside
+      // the products, instead of between U's wait and U (v10b: h4_fixed_1024 -2%).
+      if constexpr (kOut && NW == 4)
         if (write_prev) write_out(o[1 - cur]);
-      }
       cute::warpgroup_wait<1>();  // the state update is done; O may still run
       fence_regs(s);
       buf = buf == kStages - 1 ? 0 : buf + 1;
