@@ -104,6 +104,7 @@ struct PrepareParams {
   bool g_is_f32, beta_is_f32;
   SeqIndex seqs;
   int heads, value_heads;  // H, HV
+  int group;               // HV / H, set by launch_prepare (a division per block otherwise)
   float scale, lower_bound;
   char* records;           // window's records: [(slot - slot_begin) * HV + hv]
   int64_t slot_begin, slot_end;

@@ -9,12 +9,13 @@
 //      thread c owns key channel c: gate, cumulative decay G, and the decayed operands
 //      kd = k e^G, ki = k e^-G, qd = q e^G (raw q and k: not yet normalised). Each warp also
 //      sums q_t^2 and k_t^2 over its 32 channels with shuffles (fp32, from the raw bf16 values);
-//   2. Gram products kd ki^T (-> L) and qd ki^T (-> M) on warps 0 and 1, while warp 3 adds the
-//      four warps' partial sums into 1 / ||q_t|| and 1 / ||k_t||: the L2 norms fold into
-//      row/column scales of the 16x16 matrices and of the record's rows;
-//   3. each thread takes its channel of kr = ki e^{G_C} / ||k|| into registers (ki's place goes
-//      to the 16x16 matrices), L and M are normalised in place, and (I + L)^-1 is found by
-//      forward substitution on 16 lanes (depth 16);
+//      Warp 3 then adds the four warps' partial sums into 1 / ||q_t|| and 1 / ||k_t||: the L2
+//      norms fold into row/column scales of the 16x16 matrices and of the record's rows;
+//   2. each thread takes its channel of kr = ki e^{G_C} / ||k|| into registers, and the Gram
+//      products kd ki^T (-> L) and qd ki^T (-> M) run on all four warps, warp w taking matrix
+//      w % 2 over channel half w / 2; warps 0-1 add warps 2-3's halves, normalise in registers
+//      and store L and M over ki (dead by then);
+//   3. (I + L)^-1 as a 2 x 2 blocked inverse of 8 x 8 blocks on the 32 lanes of warp 0;
 //   4. W^T = kd^T Ak^T as a [channel x token] product, warp w owning channels 32w..32w+31;
 //   5. the record (W, Qd, kr^T, Av, M, gC; params.h, in wgmma's tile layout) is assembled in
 //      shared memory, W and Qd as rows padded to 272 bytes (see assembled()), and written with
@@ -42,25 +43,34 @@ constexpr int kThreads = kHeadDim;  // 4 warps
 // record; a swizzle would fix them, the tile is read both ways).
 constexpr int kPad = kHeadDim + 4;
 constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B fragments
+// Row stride of L and M: 24 = 24 (mod 32) makes the float2 stores from mma fragments
+// conflict-free per half-warp, puts the inverse's two diagonal 8x8 blocks of L 8 banks apart
+// (lanes 0-7 and 8-15 read them in the same instruction), and keeps rows 16-byte aligned for
+// the blocked inverse's row reads.
+constexpr int kLS = kChunk + 8;
 
-// Shared memory, 26 KB (8 blocks fit an SM). The raw rows of phase 1 are staged over kd and qd
+// Shared memory, 27 KB (8 blocks fit an SM). The raw rows of phase 1 are staged over kd and qd
 // (every thread reads its columns before any of them is written); the 16x16 matrices take ki's
-// place once the Grams have read it and each thread has taken its channel of kr into registers
-// (phase 3); the record is assembled over kd and qd once phase 4 is done (the 16x16 matrices,
-// still read in phase 5, lie past them).
+// place once the Grams and kr have read it (phase 2); the record is assembled over kd and qd
+// once phase 4 is done (the 16x16 matrices, still read in phase 5, lie past them).
 struct Smem {
   float kd[kChunk][kPad], qd[kChunk][kPad];
   union {
-    float ki[kChunk][kPad];  // phases 1-3
+    float ki[kChunk][kPad];  // phases 1-2
     struct {
-      float L[kChunk][kChunk + 1];  // raw kd ki^T, then (in place) strictly lower, normalised, times beta
-      float M[kChunk][kChunk + 1];  // raw qd ki^T, then (in place) M (lower incl. diagonal), normalised and scaled
-      float Ak[kChunk][kSq];        // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
-      float Av[kChunk][kSq];        // (I+L)^-1 diag(beta):         U = Av v - W S
+      float L[kChunk][kLS];  // strictly lower, normalised, times beta; its lower-right 8x8 block becomes that block's inverse
+      float M[kChunk][kLS];  // lower incl. diagonal, normalised and scaled
+      float Ak[kChunk][kSq];  // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
+      float Av[kChunk][kSq];  // (I+L)^-1 diag(beta):         U = Av v - W S
     } m;
   };
-  // Per warp, its 32 channels' sums of q_t^2 (row 0) and k_t^2 (row 1): phase 1 -> phase 2.
-  float sumsq[kThreads / 32][2][kChunk];
+  union {
+    // Per warp, its 32 channels' sums of q_t^2 (row 0) and k_t^2 (row 1): phase 1 only.
+    float sumsq[kThreads / 32][2][kChunk];
+    // Warps 2-3's Gram halves (L, M) for warps 0-1, in mma fragment order [matrix][n-tile][lane]:
+    // each lane reads back exactly what its twin lane wrote, 16-byte accesses, no conflicts.
+    float4 part[2][2][32];
+  };
   float beta[kChunk];
   float rk[kChunk], rq[kChunk];  // 1 / ||k_t|| and 1 / ||q_t|| (eps inside the square root)
 };
@@ -116,11 +126,25 @@ __device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32
                 : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
 
-// fp32 -> tf32 with round-to-nearest (the mma itself would truncate).
+// fp32 -> tf32 with round-to-nearest, ties away (the mma itself would truncate): what
+// cvt.rna.tf32.f32 computes for every finite x and for infinities (the carry of the largest
+// finite values rounds them to inf, as it should). cvt.rna costs 4 instructions on sm_90 (it
+// guards NaN payloads, which here only come from NaN inputs); this costs 2.
 __device__ __forceinline__ float to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return __uint_as_float(r);
+  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
+
+// 2^x and 1/x as single MUFU instructions (flush-to-zero; rel. error ~2^-22, far below tf32 and
+// bf16): the gate and the decay are computed in log2 units so that no exp needs a scaling FMUL.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint32_t bits(float x) { return __float_as_uint(x); }
@@ -149,16 +173,16 @@ __device__ __forceinline__ float warp_sumsq_scatter(const float (&x)[kChunk], in
   return s[0] + __shfl_xor_sync(0xffffffffu, s[0], 1);
 }
 
-// acc[nt] += A[16 x 128] B[16 x 128]^T over all channels for token n-tiles nt = 0, 1
+// acc[nt] = A[16 x 64] B[16 x 64]^T over channels c0 .. c0 + 63 for token n-tiles nt = 0, 1
 // (A rows = tokens, B rows = tokens; both [token][channel] in shared memory).
-__device__ __forceinline__ void gram(const float (*A)[kPad], const float (*B)[kPad], int g, int t4,
-                                     float (&acc)[2][4]) {
+__device__ __forceinline__ void gram_half(const float (*A)[kPad], const float (*B)[kPad], int c0, int g, int t4,
+                                          float (&acc)[2][4]) {
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
 #pragma unroll 4
-  for (int kb = 0; kb < kHeadDim; kb += 8) {
+  for (int kb = c0; kb < c0 + kHeadDim / 2; kb += 8) {
     const uint32_t a0 = bits(A[g][kb + t4]), a1 = bits(A[g + 8][kb + t4]);
     const uint32_t a2 = bits(A[g][kb + t4 + 4]), a3 = bits(A[g + 8][kb + t4 + 4]);
 #pragma unroll
@@ -198,7 +222,7 @@ __device__ __forceinline__ void tile_times(const float (*T)[kPad], int c0, int g
   }
 }
 
-// 8 blocks per SM (<= 64 registers, 8 x 26 KB of shared memory): each block runs its phases one
+// 8 blocks per SM (<= 64 registers, 8 x 27 KB of shared memory): each block runs its phases one
 // after the other, with warps idle at the barriers, which only other resident blocks can fill
 // (docs/perf-notes.md, stage 1's profile: barrier and latency stalls, not bandwidth alone).
 __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParams p) {
@@ -209,8 +233,12 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
   cudaTriggerProgrammaticLaunchCompletion();
 
   const int c = threadIdx.x, lane = c % 32, warp = c / 32;
+  // Without the bound ptxas treats c as possibly negative and every c / 2^n, c % 2^n costs a
+  // sign fix-up (~280 SHF / LEA.HI in the kernel; the copy-out's index math was ~230
+  // instructions for 7 stores).
+  __builtin_assume(c >= 0 && c < kThreads);
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
-  const int hv = blockIdx.y, h = hv / (p.value_heads / p.heads);
+  const int hv = blockIdx.y, h = hv / p.group;
   const int64_t slot = p.slot_begin + blockIdx.x;
   const int64_t n = p.seqs.seq_of_slot(slot);
   const int64_t chunk = slot - p.seqs.first_slot(n);
@@ -260,81 +288,142 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) gr[t] = __bfloat162float(in.g16[t][c]);
     }
-    __syncthreads();  // the staged rows are dead: kd and qd take their place
-    // With the safe gate G >= 16 * lower_bound >= -80, so exp(+-G) stays inside fp32's range.
-    const float decay_rate = __expf(a_log);
-    float G = 0.f;
+    __syncthreads();  // the staged rows are dead: kd and qd take their place; the sums are in
+    if (warp == 3) {  // here, not in phase 2, so that kr can be taken at phase 2's start
+      const int which = lane / kChunk, t = lane % kChunk;
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kThreads / 32; ++w) s += sm.sumsq[w][which][t];
+      // Rows past the sequence end are zero: rsqrt(eps), finite.
+      (which ? sm.rk : sm.rq)[t] = rsqrtf(s + float(math::kL2NormEps));
+    }
+    // math::safe_gate_fast in log2 units: G2 = G log2(e), a2 = lower_bound log2(e) sigmoid(x),
+    // sigmoid(x) = 1 / (1 + 2^(-exp(A_log) log2(e) x)). With the safe gate
+    // G >= 16 * lower_bound >= -80, so 2^(+-G2) stays inside fp32's range; 2^y = inf for a
+    // huge y gives rcp(inf) = 0, the sigmoid's limit.
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float rate2 = -__expf(a_log) * kLog2e, x0 = bias * rate2, lb2 = p.lower_bound * kLog2e;
+    float G2 = 0.f;
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
-      if (t < valid) G += math::safe_gate_fast(gr[t] + bias, decay_rate, p.lower_bound);
-      const float e = math::exp_fast(G), ei = math::exp_fast(-G);
+      if (t < valid) G2 = fmaf(lb2, rcp(1.f + ex2(fmaf(gr[t], rate2, x0))), G2);
+      const float e = ex2(G2), ei = ex2(-G2);
       sm.kd[t][c] = to_tf32(k[t] * e);
       sm.ki[t][c] = to_tf32(k[t] * ei);
       sm.qd[t][c] = to_tf32(q[t] * e);
     }
-    gC = math::exp_fast(G);
+    gC = ex2(G2);
   }
   __syncthreads();
 
-  // Phase 2: warp 0 kd ki^T, warp 1 qd ki^T (into registers); warp 3 the norms (lanes 0-15 q,
-  // 16-31 k).
-  float acc[2][4];
-  if (warp < 2) {
-    gram(warp == 0 ? sm.kd : sm.qd, sm.ki, g, t4, acc);
-  } else if (warp == 3) {
-    const int which = lane / kChunk, t = lane % kChunk;
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) s += sm.sumsq[w][which][t];
-    // Rows past the sequence end are zero: rsqrt(eps), finite.
-    (which ? sm.rk : sm.rq)[t] = rsqrtf(s + float(math::kL2NormEps));
-  }
-  __syncthreads();
-
-  // Phase 3. This thread's channel of kr = ki e^{G_C} / ||k||, bf16 token pairs, kept in
-  // registers for phase 5; then ki is dead and the 16x16 matrices take its place.
+  // Phase 2. This thread's channel of kr = ki e^{G_C} / ||k||, bf16 token pairs, kept in
+  // registers for phase 5; then the Grams over channel halves (a chain of 8 mmas per
+  // accumulator). ki is read by every warp here, so nothing may take its place before the
+  // barrier: warps 2-3's halves go to `part`, which lies outside it.
   uint32_t kr[kChunk / 2];
 #pragma unroll
   for (int t = 0; t < kChunk; t += 2)
     kr[t / 2] = pack_bf16(sm.ki[t][c] * gC * sm.rk[t], sm.ki[t + 1][c] * gC * sm.rk[t + 1]);
+  float acc[2][4];
+  gram_half(warp % 2 ? sm.qd : sm.kd, sm.ki, kHeadDim / 2 * (warp / 2), g, t4, acc);
+  if (warp >= 2) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+      sm.part[warp % 2][nt][lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+  }
   __syncthreads();
+
+  // Warps 0-1 add the halves and normalise in registers: L = strictly_lower(diag(b) kn kn^T)
+  // (warp 0) and M = lower_incl(scale qn kn^T) (warp 1), kn = k / ||k||, qn = q / ||q|| (eps
+  // inside the square root). Meanwhile warps 2-3 zero the upper-right 8x8 blocks of Ak and Av,
+  // which the blocked inverse does not write.
   if (warp < 2) {
-    float(*G3)[kChunk + 1] = warp == 0 ? sm.m.L : sm.m.M;
+    float(*X)[kLS] = warp == 0 ? sm.m.L : sm.m.M;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      G3[g][8 * nt + 2 * t4] = acc[nt][0];
-      G3[g][8 * nt + 2 * t4 + 1] = acc[nt][1];
-      G3[g + 8][8 * nt + 2 * t4] = acc[nt][2];
-      G3[g + 8][8 * nt + 2 * t4 + 1] = acc[nt][3];
+      const float4 h = sm.part[warp][nt][lane];
+      acc[nt][0] += h.x, acc[nt][1] += h.y, acc[nt][2] += h.z, acc[nt][3] += h.w;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = g + 8 * half;
+      const float si = warp == 0 ? sm.beta[i] * sm.rk[i] : p.scale * sm.rq[i];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int j = 8 * nt + 2 * t4;
+        const float2 rkj = *reinterpret_cast<const float2*>(&sm.rk[j]);
+        // L keeps j < i, M j <= i: j < i + warp.
+        const float v0 = j < i + warp ? acc[nt][2 * half] * si * rkj.x : 0.f;
+        const float v1 = j + 1 < i + warp ? acc[nt][2 * half + 1] * si * rkj.y : 0.f;
+        *reinterpret_cast<float2*>(&X[i][j]) = make_float2(v0, v1);
+      }
+    }
+  } else {
+    const int e = c - 64;  // 32 float4 stores: (Ak, Av) x 8 rows x 2 halves
+    if (e < 32) {
+      float(*X)[kSq] = e < 16 ? sm.m.Ak : sm.m.Av;
+      *reinterpret_cast<float4*>(&X[e / 2 % 8][kChunk / 2 + 4 * (e % 2)]) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
   __syncthreads();
-  // Normalise, in place (each element is read and written by the same thread):
-  // L = strictly_lower(diag(b) kn kn^T) and M = lower_incl(scale qn kn^T), with kn = k / ||k||,
-  // qn = q / ||q|| (eps inside the square root).
+
+  // Phase 3: (I + L)^-1 on warp 0, with I + L = [[I + A, 0], [C, I + D]] in 8x8 blocks:
+  //   (I + L)^-1 = [[A', 0], [-D' C A', D']],  A' = (I + A)^-1, D' = (I + D)^-1.
+  // A' and D' by forward substitution, one column per lane (lanes 0-7 A', 8-15 D'; 16-31
+  // repeat 0-15, SIMT makes that free), the same operations as the unblocked substitution did
+  // on those blocks; then Y = C A' and Z = D' Y with two entries per lane. Dependent chain:
+  // 7 + 8 + 8 FMAs (the unblocked substitution: 15, with 120 FMAs a lane on 16 lanes).
+  if (warp == 0) {
+    const int jj = lane % 8, o = 8 * ((lane / 8) % 2);
+    float x[kChunk / 2];
 #pragma unroll
-  for (int e = c; e < kChunk * kChunk; e += kThreads) {
-    const int i = e / kChunk, j = e % kChunk;
-    const float rki = sm.rk[i], rkj = sm.rk[j], rqi = sm.rq[i];
-    sm.m.L[i][j] = j < i ? sm.beta[i] * sm.m.L[i][j] * rki * rkj : 0.f;
-    sm.m.M[i][j] = j <= i ? p.scale * sm.m.M[i][j] * rqi * rkj : 0.f;
-  }
-  __syncthreads();
-  // (I + L)^-1, column j per lane, in axpy order: the dependent chain is 16 steps long.
-  if (warp == 0 && lane < kChunk) {
-    const int j = lane;
-    float x[kChunk];
+    for (int i = 0; i < kChunk / 2; ++i) x[i] = i == jj ? 1.f : 0.f;
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) x[i] = i == j ? 1.f : 0.f;
+    for (int m = 0; m < kChunk / 2; ++m)
 #pragma unroll
-    for (int m = 0; m < kChunk; ++m)
+      for (int i = m + 1; i < kChunk / 2; ++i) x[i] -= sm.m.L[o + i][o + m] * x[m];
+    float a[kChunk / 2];  // column lane % 8 of A'
 #pragma unroll
-      for (int i = m + 1; i < kChunk; ++i) x[i] -= sm.m.L[i][m] * x[m];
-    const float bj = sm.beta[j], rkj = sm.rk[j];
+    for (int m = 0; m < kChunk / 2; ++m) a[m] = __shfl_sync(0xffffffffu, x[m], jj);
+    __syncwarp();  // every lane has read D before D' takes its place
+    if (lane < kChunk) {
+      const int j = o + jj;
+      const float bj = sm.beta[j], rkj = sm.rk[j];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
-      sm.m.Ak[i][j] = to_tf32(x[i] * bj * rkj);
-      sm.m.Av[i][j] = x[i] * bj;
+      for (int i = 0; i < kChunk / 2; ++i) {
+        sm.m.Ak[o + i][j] = to_tf32(x[i] * bj * rkj);
+        sm.m.Av[o + i][j] = x[i] * bj;
+      }
+      if (o != 0) {
+#pragma unroll
+        for (int i = 0; i < kChunk / 2; ++i) sm.m.L[o + i][j] = x[i];  // D' over D (zeros above the diagonal)
+      }
+    }
+    // Lane l: column j = l % 8 of Y and Z, rows r and r + 4 (r = l / 8).
+    const int r = lane / 8;
+    float y[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float* Ci = &sm.m.L[kChunk / 2 + r + 4 * hh][0];
+      float s = 0.f;
+#pragma unroll
+      for (int m = 0; m < kChunk / 2; ++m) s = fmaf(Ci[m], a[m], s);
+      y[hh] = s;
+    }
+    float ym[kChunk / 2];  // column j of Y: Y[m][j] is y[m / 4] of lane 8 (m % 4) + j
+#pragma unroll
+    for (int m = 0; m < kChunk / 2; ++m) ym[m] = __shfl_sync(0xffffffffu, y[m / 4], 8 * (m % 4) + jj);
+    __syncwarp();  // D' is in place
+    const float bj = sm.beta[jj], rkj = sm.rk[jj];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = r + 4 * hh;
+      const float* Di = &sm.m.L[kChunk / 2 + i][kChunk / 2];
+      float s = 0.f;
+#pragma unroll
+      for (int m = 0; m < kChunk / 2; ++m) s = fmaf(Di[m], ym[m], s);
+      sm.m.Ak[kChunk / 2 + i][jj] = to_tf32(-s * bj * rkj);
+      sm.m.Av[kChunk / 2 + i][jj] = -s * bj;
     }
   }
   __syncthreads();
@@ -406,11 +495,12 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
   static_assert(kRecordBytes % (16 * kThreads) == 0, "every thread stores the same number of pieces");
   static_assert(kRecQd == kRecW + kChunk * kHeadDim * 2 && kRecKr == kRecQd + kChunk * kHeadDim * 2,
                 "W and Qd are the record's first two tiles");
+  static_assert(kRecKr % (16 * kThreads) == 0, "a store is W/Qd or in place by its n alone");
 #pragma unroll
   for (int n = 0; n < kRecordBytes / (16 * kThreads); ++n) {
     const int i = c + n * kThreads;
     int src;
-    if (i < kRecKr / 16) {
+    if (n < kRecKr / (16 * kThreads)) {
       const int tile = i / (kChunk * kHeadDim * 2 / 16), m = (i / 8) % (kChunk * kHeadDim / 64), r = i % 8;
       src = assembled(tile * (kChunk * kHeadDim * 2) + ((m / 16) * 8 + r) * (kHeadDim * 2) + (m % 16) * 16);
     } else {
@@ -424,7 +514,9 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
 
 cudaError_t launch_prepare(const PrepareParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.slot_end - p.slot_begin), static_cast<unsigned>(p.value_heads));
-  prepare_kernel<<<grid, kThreads, 0, stream>>>(p);
+  PrepareParams q = p;
+  q.group = p.value_heads / p.heads;
+  prepare_kernel<<<grid, kThreads, 0, stream>>>(q);
   return cudaGetLastError();
 }
 
