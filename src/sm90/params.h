@@ -171,4 +171,16 @@ cudaError_t launch_segment_scan(const ScanParams& p, struct CUstream_st* stream)
 /// Bytes of one segment map buffer entry: a fp32 [V][K] matrix.
 inline constexpr int64_t kStateBytes = int64_t(kHeadDim) * kHeadDim * 4;
 
+/// Element offsets in the segment buffers (layouts in RecurrenceParams): the state entering
+/// segment j of (sequence n, value head hv) in seg_states, and that segment's map `part`
+/// (0: P, 1: Q) in seg_maps; HV value heads, max_segs segments per sequence.
+__host__ __device__ constexpr int64_t seg_state_offset(int64_t n, int64_t j, int64_t hv, int64_t max_segs,
+                                                       int64_t HV) {
+  return ((n * max_segs + j) * HV + hv) * (kHeadDim * kHeadDim);
+}
+__host__ __device__ constexpr int64_t seg_map_offset(int64_t n, int64_t j, int64_t hv, int part, int64_t max_segs,
+                                                     int64_t HV) {
+  return (((n * (max_segs - 1) + j) * HV + hv) * 2 + part) * (kHeadDim * kHeadDim);
+}
+
 }  // namespace flash_kda::sm90

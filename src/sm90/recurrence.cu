@@ -156,7 +156,6 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     c_begin = seg * seg_len;
     c_end = min(num_chunks, c_begin + seg_len);
   }
-  const int64_t maps_per_seq = p.max_segs - 1;
 
   // s[nt][*]: S^T rows v0+g and v0+g+8, columns k = nt*8 + 2*t4 + {0,1} (m16n8 accumulator layout).
   float s[kHeadDim / 8][4];
@@ -165,7 +164,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     const bool from_carry = seg_len == 0 && c_begin > 0;
     const bool from_segment = seg_len > 0 && !maps;  // the scan wrote every segment's start state
     const float* seg_state = from_segment
-        ? p.seg_states + ((n * p.max_segs + seg) * HV + hv) * (kHeadDim * kHeadDim) : nullptr;
+        ? p.seg_states + seg_state_offset(n, seg, hv, p.max_segs, HV) : nullptr;
 #pragma unroll
     for (int nt = 0; nt < kHeadDim / 8; ++nt) {
 #pragma unroll
@@ -419,7 +418,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     chunk_loop(std::false_type{}, std::false_type{});
 
   if (maps) {  // P or Q of this segment
-    float* dst = p.seg_maps + (((n * maps_per_seq + seg) * HV + hv) * 2 + part) * (kHeadDim * kHeadDim);
+    float* dst = p.seg_maps + seg_map_offset(n, seg, hv, part, p.max_segs, HV);
 #pragma unroll
     for (int nt = 0; nt < kHeadDim / 8; ++nt)
 #pragma unroll

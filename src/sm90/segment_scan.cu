@@ -36,10 +36,9 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
   const int64_t seq_len = p.seqs.length(n);
   const int64_t num_chunks = seq_len > 0 ? (seq_len + kChunk - 1) / kChunk : 0;
   const int64_t num_segs = num_chunks > 0 ? (num_chunks + p.seg_len - 1) / p.seg_len : 1;
-  const int64_t maps_per_seq = p.max_segs - 1;
   // x[h][i]: row r0 + 8h (of this block's 16), column k0 + i.
   auto store = [&](int64_t j, const float (&x)[2][4]) {
-    float* out = p.seg_states + ((n * p.max_segs + j) * HV + hv) * (kHeadDim * kHeadDim) + v0 * kHeadDim + k0;
+    float* out = p.seg_states + seg_state_offset(n, j, hv, p.max_segs, HV) + v0 * kHeadDim + k0;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       *reinterpret_cast<float4*>(out + h * 8 * kHeadDim) = make_float4(x[h][0], x[h][1], x[h][2], x[h][3]);
@@ -67,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
   // waiting on 64 KB from global memory (~11 us a step on the H200).
   auto load_p = [&](int64_t j) {
     using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>;
-    const float* P = p.seg_maps + ((n * maps_per_seq + j) * HV + hv) * 2 * (kHeadDim * kHeadDim);
+    const float* P = p.seg_maps + seg_map_offset(n, j, hv, 0, p.max_segs, HV);
     float* dst = smem + (j & 1) * (kHeadDim * kHeadDim);
 #pragma unroll 4
     for (int i = tid; i < kHeadDim * kHeadDim / 4; i += kThreads)
@@ -78,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
   for (int64_t j = 0; j + 1 < num_segs; ++j) {
     if (j + 2 < num_segs) load_p(j + 1);  // its buffer was last read in step j - 1
     cute::cp_async_fence();
-    const float* Q = p.seg_maps + ((n * maps_per_seq + j) * HV + hv) * 2 * (kHeadDim * kHeadDim) + kHeadDim * kHeadDim;
+    const float* Q = p.seg_maps + seg_map_offset(n, j, hv, 1, p.max_segs, HV);
     const float* Pm = smem + (j & 1) * (kHeadDim * kHeadDim);
     float acc[2][4];
 #pragma unroll
