@@ -1,6 +1,8 @@
 """Summarises the per-instruction stall samples of one kernel's SASS source page, as exported by
 scripts/profile.sh (`ncu --page source --print-source sass --csv`): the share of each stall
-reason, the share of samples and the executed count per opcode, and the hottest instructions.
+reason, the share of samples and the executed count per opcode, the hottest instructions, and the
+samples per region between synchronisation points (barriers, warpgroup arrive/wait, cp.async
+waits), so that a chain's time can be read segment by segment.
 
     python3 scripts/profile_summary.py profile-out/recurrence-sass.csv [--top 25]
 
@@ -63,6 +65,31 @@ def summarise(rows: list[dict[str, str]]) -> dict:
     return {"total": total, "stalls": stalls, "ops_samples": ops_samples, "ops_exec": ops_exec}
 
 
+# Opcodes that start a region: where warps wait for each other, for wgmma or for copies.
+SYNC_OPCODES = ("BAR", "WARPGROUP", "DEPBAR")
+
+
+def regions(rows: list[dict[str, str]]) -> list[dict]:
+    """The rows in address order cut before each synchronisation instruction (SYNC_OPCODES).
+    Each region: its first instruction's address and source, how often that instruction ran,
+    its samples (all instructions), and its most sampled stall reason."""
+    def address(r: dict[str, str]) -> int:
+        try:
+            return int(r.get("Address", "0"), 16)
+        except ValueError:
+            return 0
+    stall_cols = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c] if rows else []
+    out: list[dict] = []
+    for r in sorted(rows, key=address):
+        if not out or opcode(r["Source"]) in SYNC_OPCODES:
+            out.append({"address": r.get("Address", ""), "source": r["Source"].strip(),
+                        "entered": _int(r[EXECUTED]), "samples": 0, "stalls": collections.Counter()})
+        out[-1]["samples"] += _int(r[SAMPLES])
+        for c in stall_cols:
+            out[-1]["stalls"][c[len("stall_"):]] += _int(r[c])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("csv", help="a *-sass.csv written by scripts/profile.sh")
@@ -82,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     print("hottest instructions (samples, address, source)")
     for r in sorted(rows, key=lambda r: -_int(r[SAMPLES]))[:args.top]:
         print(f"  {_int(r[SAMPLES]):7d}  {r.get('Address', '')[-5:]}  {r['Source'].strip()[:70]}")
+    print("regions from a sync point (share, executed at its start, top stall, address, first instruction)")
+    for g in sorted(regions(rows), key=lambda g: -g["samples"])[:args.top]:
+        top = g["stalls"].most_common(1)
+        reason = f"{top[0][0]} {100 * top[0][1] / max(g['samples'], 1):.0f}%" if top and top[0][1] else "-"
+        print(f"  {100 * g['samples'] / total:5.1f}%  {g['entered']:8d}  {reason:18s} {g['address'][-5:]}  {g['source'][:50]}")
     return 0
 
 
