@@ -1,4 +1,4 @@
-// bf16 packing shared by the sm_90a kernels.
+// bf16 conversions shared by the sm_90a kernels.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,13 @@ namespace flash_kda::sm90 {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+/// Element i of a tensor that is fp32 or bf16 (`is_f32`), as fp32: the inputs (beta) and states
+/// whose dtype the caller picks.
+__device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32) {
+  return is_f32 ? static_cast<const float*>(base)[i]
+                : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
 
 }  // namespace flash_kda::sm90

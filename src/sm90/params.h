@@ -171,6 +171,12 @@ cudaError_t launch_segment_scan(const ScanParams& p, struct CUstream_st* stream)
 /// Bytes of one segment map buffer entry: a fp32 [V][K] matrix.
 inline constexpr int64_t kStateBytes = int64_t(kHeadDim) * kHeadDim * 4;
 
+/// Element offset of the [V][K] state of (sequence n, value head hv) in initial_state /
+/// final_state ([N, HV, V, K]); HV value heads.
+__host__ __device__ constexpr int64_t state_offset(int64_t n, int64_t hv, int64_t HV) {
+  return (n * HV + hv) * (kHeadDim * kHeadDim);
+}
+
 /// Element offsets in the segment buffers (layouts in RecurrenceParams): the state entering
 /// segment j of (sequence n, value head hv) in seg_states, and that segment's map `part`
 /// (0: P, 1: Q) in seg_maps; HV value heads, max_segs segments per sequence.

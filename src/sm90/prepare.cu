@@ -121,11 +121,6 @@ __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t
   }
 }
 
-__device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32) {
-  return is_f32 ? static_cast<const float*>(base)[i]
-                : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-}
-
 // fp32 -> tf32 with round-to-nearest, ties away (the mma itself would truncate): what
 // cvt.rna.tf32.f32 computes for every finite x and for infinities (the carry of the largest
 // finite values rounds them to inf, as it should). cvt.rna costs 4 instructions on sm_90 (it

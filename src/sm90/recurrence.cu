@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   // s[nt][*]: S^T rows v0+g and v0+g+8, columns k = nt*8 + 2*t4 + {0,1} (m16n8 accumulator layout).
   float s[kHeadDim / 8][4];
   {
-    const int64_t base = ((n * HV + hv) * kHeadDim) * kHeadDim;
+    const int64_t base = state_offset(n, hv, HV);
     const bool from_carry = seg_len == 0 && c_begin > 0;
     const bool from_segment = seg_len > 0 && !maps;  // the scan wrote every segment's start state
     const float* seg_state = from_segment
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   const bool done = c_end == num_chunks;
   if (seg_len > 0 && !done) return;
   if (done && p.final_state == nullptr) return;
-  const int64_t base = ((n * HV + hv) * kHeadDim) * kHeadDim;
+  const int64_t base = state_offset(n, hv, HV);
 #pragma unroll
   for (int nt = 0; nt < kHeadDim / 8; ++nt) {
 #pragma unroll

@@ -9,6 +9,7 @@
 
 #include <cute/arch/copy_sm80.hpp>
 
+#include "sm90/bf16.h"
 #include "sm90/kernel_attrs.h"
 #include "sm90/params.h"
 
@@ -53,9 +54,7 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
       for (int i = 0; i < 4; ++i) {
         const int64_t e = off + h * 8 * kHeadDim + i;
         x[h][i] = 0.f;
-        if (p.initial_state != nullptr)
-          x[h][i] = p.state_is_f32 ? static_cast<const float*>(p.initial_state)[e]
-                                   : __bfloat162float(static_cast<const __nv_bfloat16*>(p.initial_state)[e]);
+        if (p.initial_state != nullptr) x[h][i] = load_f(p.initial_state, e, p.state_is_f32);
         X[r0 + 8 * h][k0 + i] = x[h][i];
       }
     store(0, x);
