@@ -14,12 +14,18 @@
 // A warpgroup reads each B tile from shared memory once (mma.sync read it once per warp:
 // ~70% of the v8 kernel's shared-memory traffic), and one instruction replaces 4-16 HMMAs.
 // The accumulator of one product is, register for register, the A operand of the next (the
-// FlashAttention register reuse), so S and U never leave registers. Records are prefetched
-// kStages - 2 chunks ahead with cp.async, a byte-for-byte copy.
+// FlashAttention register reuse), so S and U never leave registers. Records and v rows are
+// prefetched kStages - 2 chunks ahead by bulk copies (cp.async.bulk, the TMA engine) that
+// complete on the stage buffer's `full` mbarrier; each warp releases a buffer on its `empty`
+// mbarrier once its last product reading it is done. A step then has no block barrier, no
+// cp.async wait and no proxy fence: those were most of a step's non-tensor time (perf-notes,
+// "Session 6: what the chunk step is made of").
 #include <cuda_bf16.h>
 
 #include <type_traits>
 #include <utility>
+
+#include <cuda/ptx>
 
 #include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm80.hpp>
@@ -48,8 +54,11 @@ struct Layout {
   static constexpr int kV = kRecordBytes;
   static constexpr int kStage = kV + kChunk * kVRow;
   static constexpr int kOut = kStages * kStage;       // per-warp [16 tok][16 v] bf16 staging
-  static constexpr int kBytes = kOut + NW * kChunk * 32;
+  static constexpr int kBar = kOut + NW * kChunk * 32;  // mbarriers: full[kStages], empty[kStages]
+  static constexpr int kBytes = kBar + 2 * kStages * 8;
   static_assert(kStage % 128 == 0, "stage buffers keep the record's tiles 128-byte aligned");
+  static_assert(kVRow % 16 == 0 && kRecordBytes % 16 == 0 && kBar % 8 == 0,
+                "bulk copies move 16-byte multiples between 16-byte aligned addresses");
 };
 
 // wgmma descriptors of the bf16 [N][K] tiles of one stage buffer, laid out by gmma_tile_offset
@@ -96,30 +105,36 @@ __device__ __forceinline__ void fence_regs(T (&r)[N][4]) {
     for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(r[i][j]);
 }
 
-// One chunk's record (byte for byte) and this block's columns of its v rows into a stage
-// buffer, as 16-byte cp.async pieces; `rec` and `dst` are this thread's first piece.
+// One chunk's record (byte for byte) and this block's columns of its 16 v rows into a stage
+// buffer, both completing on `full`, which counts 1 + NW * 32 arrivals when v is loaded, else 1.
+// The record is one bulk copy (cp.async.bulk: the TMA engine, one instruction) from thread 0,
+// which also sets the transaction count. The v rows are strided in global memory, and a bulk
+// copy takes uniform operands (a copy per lane is a loop over lanes), so they stay one 16-byte
+// cp.async per thread, each thread's arrival on `full` triggered by its copy's completion.
 // v rows past the sequence end are zero-filled (their Av columns are zero, but 0 * NaN is not)
 // from an address clamped to the last valid row. `v_row` is the chunk's first row of v at this
 // block's first column; `with_v` is false in the P pass of the segment maps (U0 = 0).
 template <int NW>
-__device__ __forceinline__ void load_record(char* smem, const char* rec, const char* v_row, int64_t v_row_bytes,
-                                            int valid, bool with_v, int tid) {
+__device__ __forceinline__ void load_chunk(char* stage, uint64_t* full, const char* rec, const char* v_row,
+                                           int64_t v_row_bytes, int valid, bool with_v, int tid) {
   using L = Layout<NW>;
-  using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>;
-  using CopyZ = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
-  constexpr int kThreads = NW * 32;
-  constexpr int kPieces = kRecordBytes / 16;
-#pragma unroll
-  for (int it = 0; it < (kPieces + kThreads - 1) / kThreads; ++it) {
-    if (kPieces % kThreads == 0 || tid + it * kThreads < kPieces)
-      Copy::copy(*reinterpret_cast<const cute::uint128_t*>(rec + (tid + it * kThreads) * 16),
-                 *reinterpret_cast<cute::uint128_t*>(smem + L::kRec + (tid + it * kThreads) * 16));
+  namespace ptx = cuda::ptx;
+  if (tid == 0) {
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, kRecordBytes);
+    ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, stage + L::kRec, rec, kRecordBytes, full);
   }
   if (with_v) {  // 16 rows x NW * 32 bytes: one piece per thread
+    using CopyZ = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
     const int t = tid / (2 * NW), j = tid % (2 * NW);
     const char* vs = v_row + (t < valid ? t : valid - 1) * v_row_bytes + j * 16;
     CopyZ::copy(*reinterpret_cast<const cute::uint128_t*>(vs),
-                *reinterpret_cast<cute::uint128_t*>(smem + L::kV + t * L::kVRow + j * 16), t < valid);
+                *reinterpret_cast<cute::uint128_t*>(stage + L::kV + t * L::kVRow + j * 16), t < valid);
+    ptx::cp_async_mbarrier_arrive_noinc(full);
+  }
+}
+
+__device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
   }
 }
 
@@ -189,6 +204,20 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     }
   }
 
+  // full[b]: buffer b's copies landed (thread 0's arrival with the record's bytes, and one per
+  // thread for its piece of v); empty[b]: every warp is done reading it (one arrival per warp).
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* empty = full + kStages;
+  if (tid == 0) {
+#pragma unroll
+    for (int b = 0; b < kStages; ++b) {
+      cuda::ptx::mbarrier_init(full + b, use_u0 ? 1 + NW * 32 : 1);
+      cuda::ptx::mbarrier_init(empty + b, NW);
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
   // Launched as stage 1's programmatic dependent (launch.cu): the records are complete and
   // visible only past this wait. A no-op for an ordinary launch.
   cudaGridDependencySynchronize();
@@ -202,18 +231,21 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   const char* v_next = static_cast<const char*>(p.v) + (seq_begin + c_begin * kChunk) * v_row_bytes +
                        (hv * kHeadDim + v_block) * 2;
   int64_t left_next = seq_len - c_begin * kChunk;
-  auto load_next = [&](int buf) {
+  // Chunk k (k = 0, 1, ... from c_begin) goes to buffer k % kStages once that buffer's previous
+  // chunk is released, i.e. once the phase of empty[buffer] with parity (k / kStages + 1) % 2
+  // has completed (a fresh barrier counts its phase "-1", parity 1, as completed: the first
+  // round does not wait).
+  auto load_next = [&](int b, uint32_t empty_parity) {
+    wait_phase(empty + b, empty_parity);
     const int valid = left_next < kChunk ? static_cast<int>(left_next) : kChunk;
-    load_record<NW>(smem + buf * L::kStage, rec_next, v_next, v_row_bytes, valid, use_u0, tid);
+    load_chunk<NW>(smem + b * L::kStage, full + b, rec_next, v_next, v_row_bytes, valid, use_u0, tid);
     rec_next += HV * int64_t(kRecordBytes);
     v_next += kChunk * v_row_bytes;
     left_next -= kChunk;
   };
 #pragma unroll
-  for (int s0 = 0; s0 < kStages - 2; ++s0) {
-    if (c_begin + s0 < c_end) load_next(s0);
-    cute::cp_async_fence();
-  }
+  for (int s0 = 0; s0 < kStages - 2; ++s0)
+    if (c_begin + s0 < c_end) load_next(s0, 1u);
   // This lane's piece of the output rows (token row t = lane / 2, 16 bytes), advanced per chunk.
   const int out_t = lane / 2;
   __nv_bfloat16* out_next = maps ? nullptr
@@ -237,6 +269,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     uint32_t ua[2][1][4];              // U^T as the A operand (16 v x 16 tokens)
     float o[2][2][4];                  // O^T of the chunk (16 v x 16 tokens)
     int buf = 0;                       // the current chunk's stage buffer
+    uint32_t full_parity = 0;          // of the phase of full[buf] that holds the current chunk
 
     // O^T of the previous chunk -> [token][v] staging -> 32 contiguous bytes per token row of
     // out. stmatrix.trans writes the four 8x8 tiles (token tile j, value half h) of O^T as token
@@ -267,17 +300,16 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       [[maybe_unused]] constexpr int prv = 1 - cur;
       char* stage = smem + buf * L::kStage;
       const StageDescs desc(stage);
-      // Chunk c's copies are done once at most kStages - 3 newer groups are pending. They wrote
-      // shared memory through the generic proxy and wgmma reads it through the async proxy: each
-      // thread fences its own copies, then the barrier makes all of them visible and proves that
-      // every warp has passed step c - 1's wait for the products of chunk c - 2, whose buffer (the
-      // one kStages - 2 ahead) is refilled right after it: one barrier per step.
-      cute::cp_async_wait<kStages - 3>();
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      __syncthreads();
-      const int ahead_buf = buf + kStages - 2 < kStages ? buf + kStages - 2 : buf - 2;
-      if (c + kStages - 2 < c_end) load_next(ahead_buf);
-      cute::cp_async_fence();
+      // Chunk c + kStages - 2 goes to the buffer of chunk c - 2, which every warp released in
+      // step c - 1 (below): this rarely waits. Then chunk c's copies: past full's phase, the
+      // bulk copy's writes (async proxy) are visible to wgmma and to loads, and the cp.async
+      // writes (generic proxy) to the loads of v, which are all that read them.
+      // Chunk c + kStages - 2 is in the next round of buffers unless buf + kStages - 2 wraps.
+      if (c + kStages - 2 < c_end) {
+        const bool wraps = buf + kStages - 2 >= kStages;
+        load_next(wraps ? buf - 2 : buf + kStages - 2, full_parity ^ (wraps ? 0u : 1u));
+      }
+      wait_phase(full + buf, full_parity);
 
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -328,6 +360,8 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         mma_n16<gmma::ScaleIn::Neg>(xu[kk % kAcc], sa[cur][kk], desc.tile(kRecW, kHeadDim, kk));
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();  // this batch, and the previous chunk's O before it
+      // The previous chunk's O was the last reader of its buffer: this warp releases it.
+      if (c > c_begin && lane == 0) cuda::ptx::mbarrier_arrive(empty + (buf == 0 ? kStages - 1 : buf - 1));
 #pragma unroll
       for (int a = 0; a < kAcc; ++a) fence_regs(xu[a]);
       fence_regs(va);
@@ -378,7 +412,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         if (write_prev) write_out(o[1 - cur]);
       cute::warpgroup_wait<1>();  // the state update is done; O may still run
       fence_regs(s);
-      buf = buf == kStages - 1 ? 0 : buf + 1;
+      if (++buf == kStages) buf = 0, full_parity ^= 1u;
     };
 
     using P0 = std::integral_constant<int, 0>;
