@@ -121,12 +121,15 @@ __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t
   }
 }
 
-// fp32 -> tf32 with round-to-nearest, ties away (the mma itself would truncate): what
-// cvt.rna.tf32.f32 computes for every finite x and for infinities (the carry of the largest
-// finite values rounds them to inf, as it should). cvt.rna costs 4 instructions on sm_90 (it
-// guards NaN payloads, which here only come from NaN inputs); this costs 2.
+// fp32 -> tf32 for an mma operand, round to nearest, ties to even: cvt.rn.tf32.f32 is one
+// instruction on sm_90 (the add-and-mask it replaces rounded ties away, 2 instructions; only
+// exact ties differ). PTX does not promise that the low 13 bits of the result are zero, so its
+// results only go where that cannot matter: into mma operands (which read tf32's 19 bits) or
+// through a rounding to bf16 (which drops those bits anyway).
 __device__ __forceinline__ float to_tf32(float x) {
-  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+  uint32_t y;
+  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
+  return __uint_as_float(y);
 }
 
 // 2^x and 1/x as single MUFU instructions (flush-to-zero; rel. error ~2^-22, far below tf32 and
