@@ -302,13 +302,21 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
     constexpr float kLog2e = 1.4426950408889634f;
     const float rate2 = -__expf(a_log) * kLog2e, x0 = bias * rate2, lb2 = p.lower_bound * kLog2e;
     float G2 = 0.f;
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      if (t < valid) G2 = fmaf(lb2, rcp(1.f + ex2(fmaf(gr[t], rate2, x0))), G2);
+    auto step = [&](int t, bool live) {
+      if (live) G2 = fmaf(lb2, rcp(1.f + ex2(fmaf(gr[t], rate2, x0))), G2);
       const float e = ex2(G2), ei = ex2(-G2);
       sm.kd[t][c] = to_tf32(k[t] * e);
       sm.ki[t][c] = to_tf32(k[t] * ei);
       sm.qd[t][c] = to_tf32(q[t] * e);
+    };
+    // A full chunk (all but a sequence's last; valid is uniform over the block) takes the loop
+    // without the per-token predicate and selects.
+    if (valid == kChunk) {
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) step(t, true);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) step(t, t < valid);
     }
     gC = ex2(G2);
   }
