@@ -8,8 +8,9 @@
 //      flight at once (per-thread 2-byte global loads left the kernel latency-bound); then
 //      thread c owns key channel c: gate, cumulative decay G, and the decayed operands
 //      kd = k e^G, ki = k e^-G, qd = q e^G (raw q and k: not yet normalised). Each warp also
-//      sums q_t^2 and k_t^2 over its 32 channels with shuffles (fp32, from the raw bf16 values);
-//      Warp 3 then adds the four warps' partial sums into 1 / ||q_t|| and 1 / ||k_t||: the L2
+//      sums q_t^2 and k_t^2 over its 32 channels as the diagonals of q q^T and k k^T, bf16 mmas
+//      over the staged rows (exact products, fp32 sums; diag_sumsq); warp 3 then adds the four
+//      warps' partial sums into 1 / ||q_t|| and 1 / ||k_t||: the L2
 //      norms fold into row/column scales of the 16x16 matrices and of the record's rows;
 //   2. each thread takes its channel of kr = ki e^{G_C} / ||k|| into registers, and the Gram
 //      products kd ki^T (-> L) and qd ki^T (-> M) run on all four warps, warp w taking matrix
@@ -35,6 +36,7 @@ namespace flash_kda::sm90 {
 namespace {
 
 using MmaTf32 = cute::SM80_16x8x8_F32TF32TF32F32_TN;
+using MmaBf16 = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 
 constexpr int kThreads = kHeadDim;  // 4 warps
 // Row stride of the [16][128] fp32 operand tiles: 132 = 4 (mod 32) makes the Gram products'
@@ -49,8 +51,8 @@ constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B f
 // the blocked inverse's row reads.
 constexpr int kLS = kChunk + 8;
 
-// Shared memory, 27 KB (8 blocks fit an SM). The raw rows of phase 1 are staged over kd and qd
-// (every thread reads its columns before any of them is written); the 16x16 matrices take ki's
+// Shared memory, 27 KB (8 blocks fit an SM). The raw rows of phase 1 are staged over kd, qd and
+// ki (every thread reads its columns before any of them is written); the 16x16 matrices take ki's
 // place once the Grams and kr have read it (phase 2); the record is assembled over kd and qd
 // once phase 4 is done (the 16x16 matrices, still read in phase 5, lie past them).
 struct Smem {
@@ -92,21 +94,26 @@ static_assert(assembled(kRecAv) % 16 == 0, "16-byte copy-out pieces stay aligned
 static_assert(assembled(kRecordBytes) <= offsetof(Smem, ki) && offsetof(Smem, kd) == 0,
               "the record is assembled over kd and qd, below the 16x16 matrices");
 
-// The chunk's input rows as they are in global memory: 12-16 KB.
+// The chunk's input rows as they are in global memory, q and k rows padded to 288 bytes:
+// 72 words = 8 (mod 32) makes the norms' 8-byte fragment loads (lanes g = 0..3 of a half-warp
+// at row g, words 2 t4, 2 t4 + 1: bank 8 g + 2 t4) hit 32 banks. 13-17 KB, over kd, qd and ki.
+constexpr int kStageRow = kHeadDim + 16;
 struct Staging {
-  __nv_bfloat16 q[kChunk][kHeadDim], k[kChunk][kHeadDim];
+  __nv_bfloat16 q[kChunk][kStageRow], k[kChunk][kStageRow];
   union {
     __nv_bfloat16 g16[kChunk][kHeadDim];
     float g32[kChunk][kHeadDim];  // g_is_f32
   };
 };
-static_assert(2 * sizeof(Smem::kd) >= sizeof(Staging), "the inputs are staged over kd and qd");
+static_assert(offsetof(Smem, qd) == sizeof(Smem::kd) && offsetof(Smem, ki) == 2 * sizeof(Smem::kd) &&
+                  3 * sizeof(Smem::kd) >= sizeof(Staging),
+              "the inputs are staged over kd, qd and ki");
 
 // Issues the cp.async of the chunk's rows of one tensor (row of token tok: (tok * heads + head)
 // * kRowBytes bytes from src), kRowBytes / 128 per thread. Rows past the sequence end are
 // zero-filled (src-size 0, nothing read); their address is clamped to the last valid row all
 // the same, so no address outside the tensor is ever formed.
-template <int kRowBytes>
+template <int kRowBytes, int kDstRowBytes = kRowBytes>
 __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t0, int valid, int64_t heads,
                                            int64_t head, int c) {
   using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
@@ -117,7 +124,8 @@ __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t
     const int i = c + n * kThreads, t = i / kPieces, j = i % kPieces;
     const int64_t tok = t0 + (t < valid ? t : valid - 1);
     const char* s = static_cast<const char*>(src) + (tok * heads + head) * kRowBytes + j * 16;
-    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(s), static_cast<cute::uint128_t*>(dst)[i], t < valid);
+    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(s),
+               static_cast<cute::uint128_t*>(dst)[t * (kDstRowBytes / 16) + j], t < valid);
   }
 }
 
@@ -147,28 +155,23 @@ __device__ __forceinline__ float rcp(float x) {
 
 __device__ __forceinline__ uint32_t bits(float x) { return __float_as_uint(x); }
 
-// Reduce-scatter over the warp: returns the sum over its 32 lanes of x[lane / 2]^2 (lanes 2i
-// and 2i+1 both get token i). Each butterfly step keeps the half of the tokens selected by one
-// lane bit and sends the other half to the partner lane: xor 16 exchanges 8 values (token bit
-// 3), xor 8 4 values, xor 4 2, xor 2 1, and xor 1 completes the sum: 16 shuffles in all.
-__device__ __forceinline__ float warp_sumsq_scatter(const float (&x)[kChunk], int lane) {
-  float s[kChunk / 2];
-  {
-    const bool upper = lane & 16;
+// Sums over channels c0 .. c0 + 31 of X[t][.]^2 for tokens g (.x) and g + 8 (.y), valid in the
+// lanes with t4 == g / 2: the diagonal of X X^T on tensor cores (bf16 products are exact in
+// fp32, fp32 accumulation). Which channel sits in which k-slot is immaterial to a sum over
+// channels, so a lane loads 4 adjacent channels of rows g and g + 8 (one 8-byte load each) as
+// its A fragment, and the same registers are the B fragments of n-tile 0 (tokens 0-7: rows g)
+// and n-tile 1 (tokens 8-15: rows g + 8). Diagonal (i, i) is n-tile i / 8's row i, column
+// i % 8: lane (g = i % 8, t4 = i % 8 / 2), accumulator i % 2 (+ 2 for n-tile 1).
+__device__ __forceinline__ float2 diag_sumsq(const __nv_bfloat16 (*X)[kStageRow], int c0, int g, int t4) {
+  float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int j = 0; j < kChunk / 2; ++j) {
-      const float lo = x[j] * x[j], hi = x[j + 8] * x[j + 8];
-      s[j] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, 16);
-    }
+  for (int ks = 0; ks < 2; ++ks) {
+    const uint2 lo = *reinterpret_cast<const uint2*>(&X[g][c0 + 16 * ks + 4 * t4]);
+    const uint2 hi = *reinterpret_cast<const uint2*>(&X[g + 8][c0 + 16 * ks + 4 * t4]);
+    MmaBf16::fma(d0[0], d0[1], d0[2], d0[3], lo.x, hi.x, lo.y, hi.y, lo.x, lo.y, d0[0], d0[1], d0[2], d0[3]);
+    MmaBf16::fma(d1[0], d1[1], d1[2], d1[3], lo.x, hi.x, lo.y, hi.y, hi.x, hi.y, d1[0], d1[1], d1[2], d1[3]);
   }
-#pragma unroll
-  for (int h = kChunk / 4; h >= 1; h /= 2) {  // s[0..2h) -> s[0..h), exchanging with lane ^ 2h
-    const bool upper = lane & (2 * h);
-#pragma unroll
-    for (int j = 0; j < h; ++j)
-      s[j] = (upper ? s[j + h] : s[j]) + __shfl_xor_sync(0xffffffffu, upper ? s[j] : s[j + h], 2 * h);
-  }
-  return s[0] + __shfl_xor_sync(0xffffffffu, s[0], 1);
+  return g % 2 ? make_float2(d0[1], d1[3]) : make_float2(d0[0], d1[2]);
 }
 
 // acc[nt] = A[16 x 64] B[16 x 64]^T over channels c0 .. c0 + 63 for token n-tiles nt = 0, 1
@@ -250,8 +253,8 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
   // rows are zero-filled, and may lie past the end of the tensors): they then leave U, S and the
   // chunk decay untouched, so the recurrence needs no masks.
   Staging& in = *reinterpret_cast<Staging*>(&sm.kd[0][0]);
-  stage_rows<kHeadDim * 2>(in.q, p.q, t0, valid, p.heads, h, c);
-  stage_rows<kHeadDim * 2>(in.k, p.k, t0, valid, p.heads, h, c);
+  stage_rows<kHeadDim * 2, kStageRow * 2>(in.q, p.q, t0, valid, p.heads, h, c);
+  stage_rows<kHeadDim * 2, kStageRow * 2>(in.k, p.k, t0, valid, p.heads, h, c);
   if (p.g_is_f32)
     stage_rows<kHeadDim * 4>(in.g32, p.g, t0, valid, p.value_heads, hv, c);
   else
@@ -275,9 +278,12 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
       q[t] = __bfloat162float(in.q[t][c]);
       k[t] = __bfloat162float(in.k[t][c]);
     }
-    {  // This warp's share of ||q_t||^2 and ||k_t||^2 (lane holds token lane / 2 of both).
-      const float sq = warp_sumsq_scatter(q, lane), sk = warp_sumsq_scatter(k, lane);
-      sm.sumsq[warp][lane % 2][lane / 2] = lane % 2 ? sk : sq;
+    {  // This warp's share of ||q_t||^2 and ||k_t||^2: its 32 channels.
+      const float2 sq = diag_sumsq(in.q, 32 * warp, g, t4), sk = diag_sumsq(in.k, 32 * warp, g, t4);
+      if (t4 == g / 2) {
+        sm.sumsq[warp][0][g] = sq.x, sm.sumsq[warp][0][g + 8] = sq.y;
+        sm.sumsq[warp][1][g] = sk.x, sm.sumsq[warp][1][g + 8] = sk.y;
+      }
     }
     if (p.g_is_f32) {
 #pragma unroll
