@@ -41,8 +41,8 @@ using MmaBf16 = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 constexpr int kThreads = kHeadDim;  // 4 warps
 // Row stride of the [16][128] fp32 operand tiles: 132 = 4 (mod 32) makes the Gram products'
 // fragment loads (lanes g = 0..7, t4 = 0..3 reading row g, column t4) hit 32 banks. Phase 4's
-// transposed reads (row t4, column g: bank 4 t4 + g) are 2-way conflicted (~64 wavefronts a
-// record; a swizzle would fix them, the tile is read both ways).
+// transposed reads (row t4, channel pair 2g: banks 4 t4 + 2g, +1) are 2-way conflicted (~64
+// wavefronts a record; a swizzle would fix them, the tile is read both ways).
 constexpr int kPad = kHeadDim + 4;
 constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B fragments
 // Row stride of L and M: 24 = 24 (mod 32) makes the float2 stores from mma fragments
@@ -85,8 +85,8 @@ static_assert(sizeof(Smem) <= 27 * 1024, "8 blocks of 128 threads fit an SM (228
 // Byte offset in shared memory, relative to the assembly area, of byte b of the chunk record.
 // The record's first 48 rows (W, Qd, kr: bf16 [16][128] each, 256 bytes a row) are assembled
 // 272 = 256 + 16 bytes apart: the W stores from mma fragments (tokens 2*t4, t4 = 0..3, of 8
-// consecutive channels per store) then start 4 * 2 = 8 banks apart instead of all on the same
-// 4 banks (4-way conflicts at 256 bytes). Av, AvLo, M and gC follow them unpadded.
+// consecutive channel pairs per store, bf16x2) then start 4 * 2 = 8 banks apart (32 banks)
+// instead of all on the same 8 banks (4-way conflicts at 256 bytes). Av, AvLo, M and gC follow them unpadded.
 __host__ __device__ constexpr int assembled(int b) { return b + 16 * ((b < kRecAv ? b : kRecAv) / 256); }
 constexpr int kAsmRow = kHeadDim + 8;  // bf16 elements per assembled W, Qd or kr row
 static_assert(kRecW == 0 && kRecAv == 3 * kChunk * kHeadDim * 2 && kRecAv % 256 == 0,
@@ -212,13 +212,19 @@ __device__ __forceinline__ void load_b16(const float (*X)[kSq], int g, int t4, u
 
 // acc = X^T-side product for one m-tile of 16 channels starting at c0:
 //   acc[nt] (channel x token) = T[token j][c0 + channel]^T B, T read from shared memory.
+// The mma's row index is only a label: row g is channel c0 + 2g and row g + 8 channel
+// c0 + 2g + 1, so a0/a1 (token t4) and a2/a3 (token t4 + 4) are each one 8-byte load of a
+// channel pair, and acc[nt][e] / acc[nt][e + 2] are that pair for token 8 nt + 2 t4 + e (one
+// bf16x2 store). Banks (row stride 4 mod 32): a half-warp (g = 0..3) reads words 4 t4 + 2g,
+// +1: 2-way conflicted, 4 wavefronts per load, as the two 32-bit loads it replaces were.
 __device__ __forceinline__ void tile_times(const float (*T)[kPad], int c0, int g, int t4,
                                            const uint32_t (&b)[2][2][2], float (&acc)[2][4]) {
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
     const int j = 8 * ks + t4;
-    const uint32_t a0 = bits(T[j][c0 + g]), a1 = bits(T[j][c0 + g + 8]);
-    const uint32_t a2 = bits(T[j + 4][c0 + g]), a3 = bits(T[j + 4][c0 + g + 8]);
+    const float2 lo = *reinterpret_cast<const float2*>(&T[j][c0 + 2 * g]);
+    const float2 hi = *reinterpret_cast<const float2*>(&T[j + 4][c0 + 2 * g]);
+    const uint32_t a0 = bits(lo.x), a1 = bits(lo.y), a2 = bits(hi.x), a3 = bits(hi.y);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
       MmaTf32::fma(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], a0, a1, a2, a3, b[ks][nt][0], b[ks][nt][1],
@@ -482,10 +488,9 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int ch = 32 * warp + 16 * mt + g + 8 * half, t = 8 * nt + 2 * t4;
-        sW[t * kAsmRow + ch] = __float2bfloat16(W[mt][nt][2 * half]);
-        sW[(t + 1) * kAsmRow + ch] = __float2bfloat16(W[mt][nt][2 * half + 1]);
+      for (int e = 0; e < 2; ++e) {  // channels ch, ch + 1 of token t (tile_times)
+        const int ch = 32 * warp + 16 * mt + 2 * g, t = 8 * nt + 2 * t4 + e;
+        *reinterpret_cast<uint32_t*>(&sW[t * kAsmRow + ch]) = pack_bf16(W[mt][nt][e], W[mt][nt][e + 2]);
       }
     }
   }
