@@ -45,6 +45,8 @@ template <gmma::ScaleIn kScaleA>
 using MmaN16 = gmma::MMA_64x16x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K, kScaleA, gmma::ScaleIn::One>;
 using MmaN128 = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 constexpr int kStages = 6;
+constexpr int kUAcc = 4;  // accumulators of U's batch: 1, 2 or 4
+static_assert(kUAcc == 1 || kUAcc == 2 || kUAcc == 4, "U's accumulators: 1, 2 or 4");
 
 template <int NW>
 struct Layout {
@@ -111,12 +113,12 @@ __device__ __forceinline__ void fence_regs(T (&r)[N][4]) {
 // which also sets the transaction count. The v rows are strided in global memory, and a bulk
 // copy takes uniform operands (a copy per lane is a loop over lanes), so they stay one 16-byte
 // cp.async per thread, each thread's arrival on `full` triggered by its copy's completion.
-// v rows past the sequence end are zero-filled (their Av columns are zero, but 0 * NaN is not)
-// from an address clamped to the last valid row. `v_row` is the chunk's first row of v at this
-// block's first column; `with_v` is false in the P pass of the segment maps (U0 = 0).
+// `v_src` is this thread's piece of v; `v_ok` false zero-fills it (rows past the sequence end:
+// their Av columns are zero, but 0 * NaN is not). `with_v` is false in the P pass of the segment
+// maps (U0 = 0).
 template <int NW>
-__device__ __forceinline__ void load_chunk(char* stage, uint64_t* full, const char* rec, const char* v_row,
-                                           int64_t v_row_bytes, int valid, bool with_v, int tid) {
+__device__ __forceinline__ void load_chunk(char* stage, uint64_t* full, const char* rec, const char* v_src,
+                                           bool v_ok, bool with_v, int tid) {
   using L = Layout<NW>;
   namespace ptx = cuda::ptx;
   if (tid == 0) {
@@ -126,9 +128,8 @@ __device__ __forceinline__ void load_chunk(char* stage, uint64_t* full, const ch
   if (with_v) {  // 16 rows x NW * 32 bytes: one piece per thread
     using CopyZ = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
     const int t = tid / (2 * NW), j = tid % (2 * NW);
-    const char* vs = v_row + (t < valid ? t : valid - 1) * v_row_bytes + j * 16;
-    CopyZ::copy(*reinterpret_cast<const cute::uint128_t*>(vs),
-                *reinterpret_cast<cute::uint128_t*>(stage + L::kV + t * L::kVRow + j * 16), t < valid);
+    CopyZ::copy(*reinterpret_cast<const cute::uint128_t*>(v_src),
+                *reinterpret_cast<cute::uint128_t*>(stage + L::kV + t * L::kVRow + j * 16), v_ok);
     ptx::cp_async_mbarrier_arrive_noinc(full);
   }
 }
@@ -231,14 +232,25 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   const char* v_next = static_cast<const char*>(p.v) + (seq_begin + c_begin * kChunk) * v_row_bytes +
                        (hv * kHeadDim + v_block) * 2;
   int64_t left_next = seq_len - c_begin * kChunk;
+  // This thread's piece of v: row v_t of the chunk, 16 bytes at column piece tid % (2 NW).
+  const int v_t = tid / (2 * NW);
+  const int64_t v_off = v_t * v_row_bytes + (tid % (2 * NW)) * 16;
   // Chunk k (k = 0, 1, ... from c_begin) goes to buffer k % kStages once that buffer's previous
   // chunk is released, i.e. once the phase of empty[buffer] with parity (k / kStages + 1) % 2
   // has completed (a fresh barrier counts its phase "-1", parity 1, as completed: the first
-  // round does not wait).
+  // round does not wait). A sequence's last chunk takes the slow path: its rows past the end
+  // are zero-filled from the last valid row's address, so no address outside v is formed.
   auto load_next = [&](int b, uint32_t empty_parity) {
     wait_phase(empty + b, empty_parity);
-    const int valid = left_next < kChunk ? static_cast<int>(left_next) : kChunk;
-    load_chunk<NW>(smem + b * L::kStage, full + b, rec_next, v_next, v_row_bytes, valid, use_u0, tid);
+    char* stage_b = smem + b * L::kStage;
+    if (left_next >= kChunk) {
+      load_chunk<NW>(stage_b, full + b, rec_next, v_next + v_off, true, use_u0, tid);
+    } else {
+      const int valid = static_cast<int>(left_next);
+      const bool ok = v_t < valid;
+      load_chunk<NW>(stage_b, full + b, rec_next, v_next + (ok ? v_off : v_off - (v_t - valid + 1) * v_row_bytes),
+                     ok, use_u0, tid);
+    }
     rec_next += HV * int64_t(kRecordBytes);
     v_next += kChunk * v_row_bytes;
     left_next -= kChunk;
@@ -292,6 +304,18 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       left -= kChunk;
     };
 
+    // Chunk c + kStages - 2's loads (~56 instructions a warp). Its buffer is chunk c - 2's,
+    // which every warp released in step c - 1: this rarely waits. It is in the next round of
+    // buffers unless buf + kStages - 2 wraps. Two warpgroups issue it in back(c), beside the
+    // products (h96_fixed_8192 recurrence 401 -> 377 us); one warpgroup at the front of the step
+    // (in back: h4_fixed_1024 41.4 -> 42.5 us; perf-notes, session 7).
+    auto load_ahead = [&](int64_t c) {
+      if (c + kStages - 2 < c_end) {
+        const bool wraps = buf + kStages - 2 >= kStages;
+        load_next(wraps ? buf - 2 : buf + kStages - 2, full_parity ^ (wraps ? 0u : 1u));
+      }
+    };
+
     // front(c): chunk c's U (and chunk c - 1's O written out); back(c): its state update and O.
     // The loop runs back(c), front(c + 1), so that at its back edge no wgmma is pending: where
     // paths with products in flight merge, ptxas injects a wait for all of them.
@@ -300,15 +324,10 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       [[maybe_unused]] constexpr int prv = 1 - cur;
       char* stage = smem + buf * L::kStage;
       const StageDescs desc(stage);
-      // Chunk c + kStages - 2 goes to the buffer of chunk c - 2, which every warp released in
-      // step c - 1 (below): this rarely waits. Then chunk c's copies: past full's phase, the
-      // bulk copy's writes (async proxy) are visible to wgmma and to loads, and the cp.async
-      // writes (generic proxy) to the loads of v, which are all that read them.
-      // Chunk c + kStages - 2 is in the next round of buffers unless buf + kStages - 2 wraps.
-      if (c + kStages - 2 < c_end) {
-        const bool wraps = buf + kStages - 2 >= kStages;
-        load_next(wraps ? buf - 2 : buf + kStages - 2, full_parity ^ (wraps ? 0u : 1u));
-      }
+      if constexpr (NW == 4) load_ahead(c);
+      // Chunk c's copies: past full's phase, the bulk copy's writes (async proxy) are visible
+      // to wgmma and to loads, and the cp.async writes (generic proxy) to the loads of v, which
+      // are all that read them.
       wait_phase(full + buf, full_parity);
 
 #pragma unroll
@@ -340,20 +359,20 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
         }
       }
 
-      // U^T = v^T (Av + Av lo)^T - S^T W^T over four accumulators: xu[a] takes k-steps a and
-      // a + 4 of -S^T W^T (A scaled by -1), xu[2] and xu[3] start from v^T Av^T and v^T Av lo^T.
-      // The wgmmas into one accumulator run one after the other at their full latency and
-      // m64n16k16 is too small to hide it: the chain of U is 3 products deep instead of 10.
+      // U^T = v^T (Av + Av lo)^T - S^T W^T over kUAcc accumulators: xu[a] takes the k-steps
+      // kk = a (mod kUAcc) of -S^T W^T (A scaled by -1), v^T Av^T and v^T Av lo^T go to xu[2]
+      // and xu[3] (mod kUAcc). More accumulators make U's dependent chain of wgmmas shorter and
+      // cost the adds that join them, on the step's chain.
       // This warp's rows v0+g, v0+g+8; token columns 8j+2*t4+{0,1}.
-      constexpr int kAcc = 4;
+      constexpr int kAcc = kUAcc;
       float xu[kAcc][2][4] = {};
 #pragma unroll
       for (int a = 0; a < kAcc; ++a) fence_regs(xu[a]);
       fence_regs(s);
       cute::warpgroup_arrive();
       if constexpr (kU0) {
-        mma_n16(xu[2], va[0], desc.tile(kRecAv, kChunk, 0));
-        mma_n16(xu[3], va[0], desc.tile(kRecAvLo, kChunk, 0));
+        mma_n16(xu[2 % kAcc], va[0], desc.tile(kRecAv, kChunk, 0));
+        mma_n16(xu[3 % kAcc], va[0], desc.tile(kRecAvLo, kChunk, 0));
       }
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk)
@@ -377,14 +396,17 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) xu[0][j][r] = (xu[0][j][r] + xu[1][j][r]) + (xu[2][j][r] + xu[3][j][r]);
+        for (int r = 0; r < 4; ++r) {
+          if constexpr (kAcc == 4) xu[0][j][r] = (xu[0][j][r] + xu[1][j][r]) + (xu[2 % kAcc][j][r] + xu[3 % kAcc][j][r]);
+          if constexpr (kAcc == 2) xu[0][j][r] += xu[1 % kAcc][j][r];
+        }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         ua[cur][0][2 * j] = pack_bf16(xu[0][j][0], xu[0][j][1]);
         ua[cur][0][2 * j + 1] = pack_bf16(xu[0][j][2], xu[0][j][3]);
       }
     };
-    auto back = [&](auto parity_tag, bool write_prev) {
+    auto back = [&](auto parity_tag, int64_t c, bool write_prev) {
       constexpr int cur = decltype(parity_tag)::value;
       char* stage = smem + buf * L::kStage;
       const StageDescs desc(stage);
@@ -410,6 +432,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       // the products, instead of between U's wait and U (v10b: h4_fixed_1024 -2%).
       if constexpr (kOut && NW == 4)
         if (write_prev) write_out(o[1 - cur]);
+      if constexpr (NW == 8) load_ahead(c);
       cute::warpgroup_wait<1>();  // the state update is done; O may still run
       fence_regs(s);
       if (++buf == kStages) buf = 0, full_parity ^= 1u;
@@ -422,10 +445,10 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     if (c < c_end) {
       front(P0{}, c);
       while (true) {
-        back(P0{}, c > c_begin);
+        back(P0{}, c, c > c_begin);
         if (++c == c_end) { last = 0; break; }
         front(P1{}, c);
-        back(P1{}, true);
+        back(P1{}, c, true);
         if (++c == c_end) { last = 1; break; }
         front(P0{}, c);
       }
