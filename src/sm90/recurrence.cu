@@ -14,12 +14,13 @@
 // A warpgroup reads each B tile from shared memory once (mma.sync read it once per warp:
 // ~70% of the v8 kernel's shared-memory traffic), and one instruction replaces 4-16 HMMAs.
 // The accumulator of one product is, register for register, the A operand of the next (the
-// FlashAttention register reuse), so S and U never leave registers. Records and v rows are
-// prefetched kStages - 2 chunks ahead by bulk copies (cp.async.bulk, the TMA engine) that
-// complete on the stage buffer's `full` mbarrier; each warp releases a buffer on its `empty`
-// mbarrier once its last product reading it is done. A step then has no block barrier, no
-// cp.async wait and no proxy fence: those were most of a step's non-tensor time (perf-notes,
-// "Session 6: what the chunk step is made of").
+// FlashAttention register reuse), so S and U never leave registers. Chunks are prefetched
+// kStages - 2 ahead into a ring of stage buffers: the record by one bulk copy (cp.async.bulk,
+// the TMA engine), the v rows by one cp.async per thread, all completing on the buffer's `full`
+// mbarrier; each warp releases a buffer on its `empty` mbarrier once its last product reading
+// it is done. A step has no block barrier, cp.async wait or proxy fence (removing them did not
+// make the step faster, but lets two warpgroups issue the loads beside their products:
+// docs/perf-notes.md, session 7).
 #include <cuda_bf16.h>
 
 #include <type_traits>
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   //
   // The tensor cores run a warpgroup's wgmmas in issue order, so O's nine products (S^T Qd^T,
   // U^T M^T), which nothing in the chain needs, are issued after the state update and left
-  // running into the next step, beside its barrier, gate scaling and packing; chunk c's O is
+  // running into the next step, beside its gate scaling and packing; chunk c's O is
   // written out in step c + 1. Their A operands (S^T and U^T of chunk c) must survive that long:
   // sa, ua and o alternate between two register sets by the parity of the step, and a chunk's
   // stage buffer is refilled only two steps after its own (kStages - 2 chunks are in flight).
