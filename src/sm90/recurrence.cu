@@ -64,6 +64,16 @@ struct Layout {
                 "bulk copies move 16-byte multiples between 16-byte aligned addresses");
 };
 
+// One warpgroup (NW = 4) gets a fifth warp that only issues the chunk loads, a producer as in
+// FlashAttention-3's warp specialisation: with one warp per scheduler every instruction of a
+// consumer warp is on the chunk step's chain, and the loads were ~40 of its ~300 a step. Two
+// warpgroups issue the loads themselves, beside their products (255 registers x 288 threads
+// would not fit the register file).
+template <int NW>
+inline constexpr bool kHasProducer = NW == 4;
+template <int NW>
+inline constexpr int kBlockThreads = NW * 32 + (kHasProducer<NW> ? 32 : 0);
+
 // wgmma descriptors of the bf16 [N][K] tiles of one stage buffer, laid out by gmma_tile_offset
 // (no swizzle; K = 16 x k-steps). They differ only in the start address (bits 0-13, in 16-byte
 // units; no carry out of them, shared memory being < 256 KB), so each is the stage's word plus a
@@ -140,8 +150,50 @@ __device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
   }
 }
 
+// The producer warp's loop: chunks c_begin .. c_end - 1 into the stage buffers in ring order,
+// each once its buffer is released (the empty-barrier parity trick of load_next below). Lane 0
+// copies the record (one bulk copy); the NW * 32 16-byte pieces of the v rows go kPer to a lane,
+// each lane's arrival on `full` triggered by the completion of its copies. Rows past the
+// sequence end are zero-filled from the last valid row's address (no address outside v).
 template <int NW>
-__global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrenceParams p) {
+__device__ __forceinline__ void produce(char* smem, uint64_t* full, uint64_t* empty, const char* rec,
+                                        int64_t rec_stride, const char* v_row0, int64_t v_row_bytes, int64_t left,
+                                        int64_t chunks, bool with_v, int lane) {
+  using L = Layout<NW>;
+  namespace ptx = cuda::ptx;
+  using CopyZ = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
+  constexpr int kRowPieces = NW * 16 * 2 / 16;
+  constexpr int kPer = kChunk * kRowPieces / 32;
+  int b = 0;
+  uint32_t parity = 1u;
+  for (int64_t k = 0; k < chunks; ++k) {
+    wait_phase(empty + b, parity);
+    char* stage = smem + b * L::kStage;
+    if (lane == 0) {
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full + b, kRecordBytes);
+      ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, stage + L::kRec, rec, kRecordBytes, full + b);
+    }
+    if (with_v) {
+      const int valid = left < kChunk ? static_cast<int>(left) : kChunk;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int piece = lane + 32 * i, t = piece / kRowPieces, j = piece % kRowPieces;
+        const bool ok = t < valid;
+        CopyZ::copy(*reinterpret_cast<const cute::uint128_t*>(v_row0 + (ok ? t : valid - 1) * v_row_bytes + j * 16),
+                    *reinterpret_cast<cute::uint128_t*>(stage + L::kV + t * L::kVRow + j * 16), ok);
+      }
+      ptx::cp_async_mbarrier_arrive_noinc(full + b);
+    }
+    rec += rec_stride;
+    v_row0 += kChunk * v_row_bytes;
+    left -= kChunk;
+    if (++b == kStages) b = 0, parity ^= 1u;
+  }
+  cute::cp_async_wait<0>();  // a warp leaves no copy of its own in flight behind it
+}
+
+template <int NW>
+__global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const RecurrenceParams p) {
   using L = Layout<NW>;
   extern __shared__ __align__(128) char smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -176,7 +228,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
 
   // s[nt][*]: S^T rows v0+g and v0+g+8, columns k = nt*8 + 2*t4 + {0,1} (m16n8 accumulator layout).
   float s[kHeadDim / 8][4];
-  {
+  if (warp < NW) {  // not the producer
     const int64_t base = state_offset(n, hv, HV);
     const bool from_carry = seg_len == 0 && c_begin > 0;
     const bool from_segment = seg_len > 0 && !maps;  // the scan wrote every segment's start state
@@ -213,7 +265,7 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   if (tid == 0) {
 #pragma unroll
     for (int b = 0; b < kStages; ++b) {
-      cuda::ptx::mbarrier_init(full + b, use_u0 ? 1 + NW * 32 : 1);
+      cuda::ptx::mbarrier_init(full + b, use_u0 ? 1 + (kHasProducer<NW> ? 32 : NW * 32) : 1);
       cuda::ptx::mbarrier_init(empty + b, NW);
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
@@ -233,6 +285,13 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
   const char* v_next = static_cast<const char*>(p.v) + (seq_begin + c_begin * kChunk) * v_row_bytes +
                        (hv * kHeadDim + v_block) * 2;
   int64_t left_next = seq_len - c_begin * kChunk;
+  if constexpr (kHasProducer<NW>) {
+    if (warp == NW) {
+      produce<NW>(smem, full, empty, rec_next, HV * int64_t(kRecordBytes), v_next, v_row_bytes, left_next,
+                  c_end - c_begin, use_u0, lane);
+      return;  // no block barrier follows
+    }
+  }
   // This thread's piece of v: row v_t of the chunk, 16 bytes at column piece tid % (2 NW).
   const int v_t = tid / (2 * NW);
   const int64_t v_off = v_t * v_row_bytes + (tid % (2 * NW)) * 16;
@@ -256,9 +315,11 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
     v_next += kChunk * v_row_bytes;
     left_next -= kChunk;
   };
+  if constexpr (!kHasProducer<NW>) {
 #pragma unroll
-  for (int s0 = 0; s0 < kStages - 2; ++s0)
-    if (c_begin + s0 < c_end) load_next(s0, 1u);
+    for (int s0 = 0; s0 < kStages - 2; ++s0)
+      if (c_begin + s0 < c_end) load_next(s0, 1u);
+  }
   // This lane's piece of the output rows (token row t = lane / 2, 16 bytes), advanced per chunk.
   const int out_t = lane / 2;
   __nv_bfloat16* out_next = maps ? nullptr
@@ -325,7 +386,6 @@ __global__ void __launch_bounds__(NW * 32) recurrence_kernel(const RecurrencePar
       [[maybe_unused]] constexpr int prv = 1 - cur;
       char* stage = smem + buf * L::kStage;
       const StageDescs desc(stage);
-      if constexpr (NW == 4) load_ahead(c);
       // Chunk c's copies: past full's phase, the bulk copy's writes (async proxy) are visible
       // to wgmma and to loads, and the cp.async writes (generic proxy) to the loads of v, which
       // are all that read them.
@@ -528,7 +588,7 @@ cudaError_t launch(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaS
   const bool one_wave = int64_t(grid.x) * grid.y * grid.z <= how.num_sms;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
-  config.blockDim = dim3(NW * 32);
+  config.blockDim = dim3(kBlockThreads<NW>);
   config.dynamicSmemBytes = one_wave ? kMaxBytes : kBytes;
   config.stream = stream;
   cudaLaunchAttribute pdl{};
