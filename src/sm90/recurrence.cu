@@ -46,7 +46,7 @@ template <gmma::ScaleIn kScaleA>
 using MmaN16 = gmma::MMA_64x16x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K, kScaleA, gmma::ScaleIn::One>;
 using MmaN128 = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 constexpr int kStages = 6;
-constexpr int kUAcc = 4;  // accumulators of U's batch: 1, 2 or 4
+constexpr int kUAcc = 1;  // accumulators of U's batch: 1, 2 or 4 (1: fewest instructions on the chain; perf-notes, session 8)
 static_assert(kUAcc == 1 || kUAcc == 2 || kUAcc == 4, "U's accumulators: 1, 2 or 4");
 
 template <int NW>
@@ -196,7 +196,11 @@ template <int NW>
 __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const RecurrenceParams p) {
   using L = Layout<NW>;
   extern __shared__ __align__(128) char smem[];
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // The warp index broadcast from lane 0 (CUTLASS's canonical_warp_idx_sync): ptxas then knows
+  // it is warp-uniform, so code under the producer/consumer branch keeps the uniform datapath
+  // for the wgmma descriptors (with threadIdx.x / 32 it moved them through vector registers and
+  // R2UR: ~100 more instructions a step).
+  const int tid = threadIdx.x, lane = tid % 32, warp = __shfl_sync(0xffffffffu, tid / 32, 0);
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates: row group, column pair
   // The window's sequences are consecutive: block x takes the x-th one from the first (in
   // segment mode, segment x % max_segs of sequence x / max_segs).
