@@ -15,12 +15,12 @@
 // ~70% of the v8 kernel's shared-memory traffic), and one instruction replaces 4-16 HMMAs.
 // The accumulator of one product is, register for register, the A operand of the next (the
 // FlashAttention register reuse), so S and U never leave registers. Chunks are prefetched
-// kStages - 2 ahead into a ring of stage buffers: the record by one bulk copy (cp.async.bulk,
-// the TMA engine), the v rows by one cp.async per thread, all completing on the buffer's `full`
-// mbarrier; each warp releases a buffer on its `empty` mbarrier once its last product reading
-// it is done. A step has no block barrier, cp.async wait or proxy fence (removing them did not
-// make the step faster, but lets two warpgroups issue the loads beside their products:
-// docs/perf-notes.md, session 7).
+// into a ring of stage buffers: the record by one bulk copy (cp.async.bulk, the TMA engine), the
+// v rows by cp.async, all completing on the buffer's `full` mbarrier; each warp releases a
+// buffer on its `empty` mbarrier once its last product reading it is done. A step has no block
+// barrier, cp.async wait or proxy fence. One warpgroup gets a producer warp that issues every
+// load (kHasProducer); two warpgroups issue them themselves, kStages - 2 chunks ahead, beside
+// their products (docs/perf-notes.md, sessions 7 and 8).
 #include <cuda_bf16.h>
 
 #include <type_traits>
@@ -66,9 +66,10 @@ struct Layout {
 
 // One warpgroup (NW = 4) gets a fifth warp that only issues the chunk loads, a producer as in
 // FlashAttention-3's warp specialisation: with one warp per scheduler every instruction of a
-// consumer warp is on the chunk step's chain, and the loads were ~40 of its ~300 a step. Two
-// warpgroups issue the loads themselves, beside their products (255 registers x 288 threads
-// would not fit the register file).
+// consumer warp is on the chunk step's chain, and the loads were ~35 of its ~310 a step
+// (recurrence h4_fixed_1024 42.5 -> 39.2 us). Two warpgroups issue the loads themselves, beside
+// their products: a third, producer warpgroup (setmaxnreg 232 / 40, as 255 registers x 288
+// threads would not fit) made h96_fixed_8192's recurrence slower, 369 -> 415 us (session 8).
 template <int NW>
 inline constexpr bool kHasProducer = NW == 4;
 template <int NW>
@@ -151,7 +152,7 @@ __device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
 }
 
 // The producer warp's loop: chunks c_begin .. c_end - 1 into the stage buffers in ring order,
-// each once its buffer is released (the empty-barrier parity trick of load_next below). Lane 0
+// each once its buffer is released (the empty-barrier parity trick of load_next). Lane 0
 // copies the record (one bulk copy); the NW * 32 16-byte pieces of the v rows go kPer to a lane,
 // each lane's arrival on `full` triggered by the completion of its copies. Rows past the
 // sequence end are zero-filled from the last valid row's address (no address outside v).
@@ -370,11 +371,11 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
       left -= kChunk;
     };
 
-    // Chunk c + kStages - 2's loads (~56 instructions a warp). Its buffer is chunk c - 2's,
-    // which every warp released in step c - 1: this rarely waits. It is in the next round of
-    // buffers unless buf + kStages - 2 wraps. Two warpgroups issue it in back(c), beside the
-    // products (h96_fixed_8192 recurrence 401 -> 377 us); one warpgroup at the front of the step
-    // (in back: h4_fixed_1024 41.4 -> 42.5 us; perf-notes, session 7).
+    // Two warpgroups (no producer warp): chunk c + kStages - 2's loads (~56 instructions a warp),
+    // issued in back(c), beside the products (h96_fixed_8192 recurrence 401 -> 377 us against the
+    // front of the step; perf-notes, session 7). Its buffer is chunk c - 2's, which every warp
+    // released in step c - 1: this rarely waits. It is in the next round of buffers unless
+    // buf + kStages - 2 wraps.
     auto load_ahead = [&](int64_t c) {
       if (c + kStages - 2 < c_end) {
         const bool wraps = buf + kStages - 2 >= kStages;
@@ -497,7 +498,7 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
       // the products, instead of between U's wait and U (v10b: h4_fixed_1024 -2%).
       if constexpr (kOut && NW == 4)
         if (write_prev) write_out(o[1 - cur]);
-      if constexpr (NW == 8) load_ahead(c);
+      if constexpr (!kHasProducer<NW>) load_ahead(c);
       cute::warpgroup_wait<1>();  // the state update is done; O may still run
       fence_regs(s);
       if (++buf == kStages) buf = 0, full_parity ^= 1u;
