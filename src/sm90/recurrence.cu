@@ -119,30 +119,39 @@ __device__ __forceinline__ void fence_regs(T (&r)[N][4]) {
     for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(r[i][j]);
 }
 
-// One chunk's record (byte for byte) and this block's columns of its 16 v rows into a stage
-// buffer, both completing on `full`, which counts 1 + NW * 32 arrivals when v is loaded, else 1.
-// The record is one bulk copy (cp.async.bulk: the TMA engine, one instruction) from thread 0,
-// which also sets the transaction count. The v rows are strided in global memory, and a bulk
-// copy takes uniform operands (a copy per lane is a loop over lanes), so they stay one 16-byte
-// cp.async per thread, each thread's arrival on `full` triggered by its copy's completion.
-// `v_src` is this thread's piece of v; `v_ok` false zero-fills it (rows past the sequence end:
-// their Av columns are zero, but 0 * NaN is not). `with_v` is false in the P pass of the segment
-// maps (U0 = 0).
+// The pieces of one chunk's loads into a stage buffer, all completing on its `full` barrier.
+// The record, byte for byte, is one bulk copy (cp.async.bulk: the TMA engine, one instruction)
+// from one thread, which also sets the transaction count.
+template <int NW>
+__device__ __forceinline__ void copy_record(char* stage, uint64_t* full, const char* rec) {
+  namespace ptx = cuda::ptx;
+  ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, kRecordBytes);
+  ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, stage + Layout<NW>::kRec, rec, kRecordBytes, full);
+}
+// The v rows are strided in global memory, and a bulk copy takes uniform operands (a copy per
+// lane is a loop over lanes), so they go as 16-byte cp.async pieces: piece j of row t from `src`;
+// `ok` false zero-fills it (rows past the sequence end: their Av columns are zero, but 0 * NaN is
+// not). The caller then makes its arrival on `full` follow its copies' completion
+// (cp.async.mbarrier.arrive.noinc).
+template <int NW>
+__device__ __forceinline__ void copy_v_piece(char* stage, const char* src, int t, int j, bool ok) {
+  using L = Layout<NW>;
+  using CopyZ = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
+  CopyZ::copy(*reinterpret_cast<const cute::uint128_t*>(src),
+              *reinterpret_cast<cute::uint128_t*>(stage + L::kV + t * L::kVRow + j * 16), ok);
+}
+
+// One chunk's record and this block's columns of its 16 v rows, issued by all NW * 32 threads
+// (blocks without a producer warp): `full` counts 1 + NW * 32 arrivals when v is loaded, else 1.
+// `v_src` is this thread's piece of v. `with_v` is false in the P pass of the segment maps
+// (U0 = 0).
 template <int NW>
 __device__ __forceinline__ void load_chunk(char* stage, uint64_t* full, const char* rec, const char* v_src,
                                            bool v_ok, bool with_v, int tid) {
-  using L = Layout<NW>;
-  namespace ptx = cuda::ptx;
-  if (tid == 0) {
-    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, kRecordBytes);
-    ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, stage + L::kRec, rec, kRecordBytes, full);
-  }
+  if (tid == 0) copy_record<NW>(stage, full, rec);
   if (with_v) {  // 16 rows x NW * 32 bytes: one piece per thread
-    using CopyZ = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
-    const int t = tid / (2 * NW), j = tid % (2 * NW);
-    CopyZ::copy(*reinterpret_cast<const cute::uint128_t*>(v_src),
-                *reinterpret_cast<cute::uint128_t*>(stage + L::kV + t * L::kVRow + j * 16), v_ok);
-    ptx::cp_async_mbarrier_arrive_noinc(full);
+    copy_v_piece<NW>(stage, v_src, tid / (2 * NW), tid % (2 * NW), v_ok);
+    cuda::ptx::cp_async_mbarrier_arrive_noinc(full);
   }
 }
 
@@ -153,16 +162,14 @@ __device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
 
 // The producer warp's loop: chunks c_begin .. c_end - 1 into the stage buffers in ring order,
 // each once its buffer is released (the empty-barrier parity trick of load_next). Lane 0
-// copies the record (one bulk copy); the NW * 32 16-byte pieces of the v rows go kPer to a lane,
-// each lane's arrival on `full` triggered by the completion of its copies. Rows past the
-// sequence end are zero-filled from the last valid row's address (no address outside v).
+// copies the record; the NW * 32 16-byte pieces of the v rows go kPer to a lane, so `full`
+// counts 1 + 32 arrivals when v is loaded. Rows past the sequence end are zero-filled from the
+// last valid row's address (no address outside v).
 template <int NW>
 __device__ __forceinline__ void produce(char* smem, uint64_t* full, uint64_t* empty, const char* rec,
                                         int64_t rec_stride, const char* v_row0, int64_t v_row_bytes, int64_t left,
                                         int64_t chunks, bool with_v, int lane) {
   using L = Layout<NW>;
-  namespace ptx = cuda::ptx;
-  using CopyZ = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
   constexpr int kRowPieces = NW * 16 * 2 / 16;
   constexpr int kPer = kChunk * kRowPieces / 32;
   int b = 0;
@@ -170,20 +177,16 @@ __device__ __forceinline__ void produce(char* smem, uint64_t* full, uint64_t* em
   for (int64_t k = 0; k < chunks; ++k) {
     wait_phase(empty + b, parity);
     char* stage = smem + b * L::kStage;
-    if (lane == 0) {
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full + b, kRecordBytes);
-      ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, stage + L::kRec, rec, kRecordBytes, full + b);
-    }
+    if (lane == 0) copy_record<NW>(stage, full + b, rec);
     if (with_v) {
       const int valid = left < kChunk ? static_cast<int>(left) : kChunk;
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int piece = lane + 32 * i, t = piece / kRowPieces, j = piece % kRowPieces;
         const bool ok = t < valid;
-        CopyZ::copy(*reinterpret_cast<const cute::uint128_t*>(v_row0 + (ok ? t : valid - 1) * v_row_bytes + j * 16),
-                    *reinterpret_cast<cute::uint128_t*>(stage + L::kV + t * L::kVRow + j * 16), ok);
+        copy_v_piece<NW>(stage, v_row0 + (ok ? t : valid - 1) * v_row_bytes + j * 16, t, j, ok);
       }
-      ptx::cp_async_mbarrier_arrive_noinc(full + b);
+      cuda::ptx::cp_async_mbarrier_arrive_noinc(full + b);
     }
     rec += rec_stride;
     v_row0 += kChunk * v_row_bytes;
