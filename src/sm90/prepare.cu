@@ -2,28 +2,37 @@
 // One 4-warp block per (chunk slot, value head); everything here is independent of the state,
 // so all chunks of all heads run at once.
 //
-// The products run on tensor cores in tf32 (fla's Triton kernels do the same: tl.dot of fp32
-// operands is tf32), with fp32 accumulation; the records are bf16 anyway. Phases:
-//   1. the chunk's q, k and g rows are staged in shared memory by 16-byte cp.async, all in
-//      flight at once (per-thread 2-byte global loads left the kernel latency-bound); then
-//      thread c owns key channel c: gate, cumulative decay G, and the decayed operands
-//      kd = k e^G, ki = k e^-G, qd = q e^G (raw q and k: not yet normalised). Each warp also
-//      sums q_t^2 and k_t^2 over its 32 channels as the diagonals of q q^T and k k^T, bf16 mmas
-//      over the staged rows (exact products, fp32 sums; diag_sumsq); warp 3 then adds the four
-//      warps' partial sums into 1 / ||q_t|| and 1 / ||k_t||: the L2
-//      norms fold into row/column scales of the 16x16 matrices and of the record's rows;
-//   2. each thread takes its channel of kr = ki e^{G_C} / ||k|| into registers, and the Gram
-//      products kd ki^T (-> L) and qd ki^T (-> M) run on all four warps, warp w taking matrix
-//      w % 2 over channel half w / 2; warps 0-1 add warps 2-3's halves, normalise in registers
-//      and store L and M over ki (dead by then);
-//   3. (I + L)^-1 as a 2 x 2 blocked inverse of 8 x 8 blocks on the 32 lanes of warp 0;
-//   4. W^T = kd^T Ak^T as a [channel x token] product, warp w owning channels 32w..32w+31;
-//   5. the record (W, Qd, kr^T, Av, M, gC; params.h, in wgmma's tile layout) is assembled in
-//      shared memory, W and Qd as rows padded to 272 bytes (see assembled()), and written with
-//      coalesced 16-byte stores. v is not read here: the recurrence applies Av to it.
-#include <cstddef>  // offsetof
-
+// The products run on tensor cores (fla's Triton kernels do the same: tl.dot of fp32 operands
+// is tf32), with fp32 accumulation; the records are bf16 anyway. The per-token, per-channel
+// operands never go through shared memory: a lane of warp w owns, for each of the warp's four
+// 8-channel groups, tokens {g, g + 8} x channels {2 t4, 2 t4 + 1} of the group (g = lane / 4,
+// t4 = lane % 4): the C layout of an m16n8 mma. That one layout is also the A operand of the
+// tf32 Grams (k-slot t4 <-> channel 2 t4, slot t4 + 4 <-> channel 2 t4 + 1: a sum over
+// channels does not care which slot holds which channel) and, token half by token half, their
+// B operand. The version before, which kept fp32 kd / ki / qd tiles in shared memory, ran at
+// 88% of L1 throughput (1,668 wavefronts a record); this one at ~50%, bound instead by issue
+// (~5,100 warp-instructions a record): its time is its instruction count (docs/perf-notes.md,
+// session 9). Phases:
+//   1. the chunk's q, k and g rows are staged in shared memory by 16-byte cp.async, rows
+//      padded so that the lanes' reads below are conflict-free; each lane reads its q and k
+//      pairs, sums q_t^2 and k_t^2 over them, and computes the cumulative gate G of its
+//      positions as a tensor-core product G = Tri a (Tri the 16 x 16 lower-triangular ones; a
+//      read in the B layout, as tf32 hi + lo parts, so that G keeps ~fp32 accuracy);
+//   2. per group: kd = k e^G, ki = k e^-G, qd = q e^G in registers; the Grams kd ki^T (-> L)
+//      and qd ki^T (-> M) over the warp's channels; Qd = qd scale / ||q|| and
+//      kr = ki e^{G_C} / ||k|| straight into the record (kr transposed by movmatrix); kd kept as
+//      bf16 hi + lo, transposed by movmatrix into W's B operand;
+//   3. the four warps' partial Grams are summed and normalised (L = strictly_lower(diag(b)
+//      kn kn^T), M = lower_incl(scale qn kn^T)); (I + L)^-1 as a 2 x 2 blocked inverse of 8 x 8
+//      blocks on warp 0;
+//   4. W = Ak kd on bf16 hi + lo operands (three mmas a group: ~fp32 accuracy), into the
+//      record; Av (hi and lo), M and gC into the record. v is not read here: the recurrence
+//      applies Av to it.
+// Every warp store of W, Qd and kr writes one whole 128-byte core matrix of the record's tile
+// (params.h, gmma_tile_offset), so the record goes out without being assembled first.
 #include <cuda_bf16.h>
+
+#include <type_traits>
 
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
@@ -39,88 +48,67 @@ using MmaTf32 = cute::SM80_16x8x8_F32TF32TF32F32_TN;
 using MmaBf16 = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 
 constexpr int kThreads = kHeadDim;  // 4 warps
-// Row stride of the [16][128] fp32 operand tiles: 132 = 4 (mod 32) makes the Gram products'
-// fragment loads (lanes g = 0..7, t4 = 0..3 reading row g, column t4) hit 32 banks. Phase 4's
-// transposed reads (row t4, channel pair 2g: banks 4 t4 + 2g, +1) are 2-way conflicted (~64
-// wavefronts a record; a swizzle would fix them, the tile is read both ways).
-constexpr int kPad = kHeadDim + 4;
-constexpr int kSq = kChunk + 4;  // row stride of the 16x16 matrices read as B fragments
+constexpr int kGroups = 4;          // 8-channel groups per warp
+constexpr int kSq = kChunk + 4;     // row stride of Ak and Av
 // Row stride of L and M: 24 = 24 (mod 32) makes the float2 stores from mma fragments
 // conflict-free per half-warp, puts the inverse's two diagonal 8x8 blocks of L 8 banks apart
 // (lanes 0-7 and 8-15 read them in the same instruction), and keeps rows 16-byte aligned for
 // the blocked inverse's row reads.
 constexpr int kLS = kChunk + 8;
+// Row stride, in elements, of the staged input rows (staged()).
+constexpr int kStageRow = kHeadDim + 8;
 
-// Shared memory, 27 KB (8 blocks fit an SM). The raw rows of phase 1 are staged over kd, qd and
-// ki (every thread reads its columns before any of them is written); the 16x16 matrices take ki's
-// place once the Grams and kr have read it (phase 2); the record is assembled over kd and qd
-// once phase 4 is done (the 16x16 matrices, still read in phase 5, lie past them).
+// Shared memory, ~26 KB. The 16x16 matrices take the place of the staged q and k rows, which
+// every warp has read before the barrier that precedes them.
 struct Smem {
-  float kd[kChunk][kPad], qd[kChunk][kPad];
   union {
-    float ki[kChunk][kPad];  // phases 1-2
     struct {
-      float L[kChunk][kLS];  // strictly lower, normalised, times beta; its lower-right 8x8 block becomes that block's inverse
-      float M[kChunk][kLS];  // lower incl. diagonal, normalised and scaled
+      __nv_bfloat16 q[kChunk][kStageRow], k[kChunk][kStageRow];  // padded (staged())
+    } in;
+    struct {
+      float L[kChunk][kLS];   // strictly lower, normalised, times beta; its lower-right 8x8 block becomes that block's inverse
+      float M[kChunk][kLS];   // lower incl. diagonal, normalised and scaled
       float Ak[kChunk][kSq];  // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
       float Av[kChunk][kSq];  // (I+L)^-1 diag(beta):         U = Av v - W S
     } m;
   };
   union {
-    // Per warp, its 32 channels' sums of q_t^2 (row 0) and k_t^2 (row 1): phase 1 only.
-    float sumsq[kThreads / 32][2][kChunk];
-    // Warps 2-3's Gram halves (L, M) for warps 0-1, in mma fragment order [matrix][n-tile][lane]:
-    // each lane reads back exactly what its twin lane wrote, 16-byte accesses, no conflicts.
-    float4 part[2][2][32];
+    __nv_bfloat16 g16[kChunk][kStageRow];  // padded
+    float g32[kChunk][kStageRow];          // padded; g_is_f32
   };
+  // Partial Grams, [L / M][warp][n-tile][lane] in mma fragment order: the summing warp reads
+  // exactly the positions it holds, 16-byte accesses, no conflicts.
+  float4 part[2][kThreads / 32][2][32];
+  // Per token, each warp's sum over its 32 channels of q_t^2 ([0]) and k_t^2 ([1]): one
+  // 16-byte read gives a lane all four warps' sums.
+  alignas(16) float sumsq[2][kChunk][kThreads / 32];
   float beta[kChunk];
-  // 1 / ||k_t|| and scale / ||q_t|| (eps inside the square root; q's norm is only ever used
-  // times scale). 16-byte aligned: the per-channel loops read them 4 tokens a load.
-  alignas(16) float rk[kChunk];
-  alignas(16) float rq[kChunk];
+  float rk[kChunk];  // 1 / ||k_t|| (eps inside the square root)
+  float rq[kChunk];  // scale / ||q_t||
 };
-static_assert(sizeof(Smem::m) <= sizeof(Smem::ki), "the 16x16 matrices fit over ki");
-static_assert(sizeof(Smem) <= 27 * 1024, "8 blocks of 128 threads fit an SM (228 KB, 1 KB reserved a block)");
+static_assert(sizeof(Smem::m) <= sizeof(Smem::in), "the 16x16 matrices fit over q and k");
+static_assert(sizeof(Smem) <= 31 * 1024, "7 blocks of 128 threads fit an SM (228 KB, 1 KB reserved a block)");
 
-// Byte offset in shared memory, relative to the assembly area, of byte b of the chunk record.
-// The record's first 48 rows (W, Qd, kr: bf16 [16][128] each, 256 bytes a row) are assembled
-// 272 = 256 + 16 bytes apart: the W stores from mma fragments (tokens 2*t4, t4 = 0..3, of 8
-// consecutive channel pairs per store, bf16x2) then start 4 * 2 = 8 banks apart (32 banks)
-// instead of all on the same 8 banks (4-way conflicts at 256 bytes). Av, AvLo, M and gC follow them unpadded.
-__host__ __device__ constexpr int assembled(int b) { return b + 16 * ((b < kRecAv ? b : kRecAv) / 256); }
-constexpr int kAsmRow = kHeadDim + 8;  // bf16 elements per assembled W, Qd or kr row
-static_assert(kRecW == 0 && kRecAv == 3 * kChunk * kHeadDim * 2 && kRecAv % 256 == 0,
-              "W, Qd and kr are the record's first 256-byte rows");
-static_assert(assembled(kRecQd) == kChunk * kAsmRow * 2 && assembled(kRecKr) == 2 * kChunk * kAsmRow * 2,
-              "kAsmRow is the assembled row stride");
-static_assert(assembled(kRecAv) % 16 == 0, "16-byte copy-out pieces stay aligned");
-static_assert(assembled(kRecordBytes) <= offsetof(Smem, ki) && offsetof(Smem, kd) == 0,
-              "the record is assembled over kd and qd, below the 16x16 matrices");
-
-// The chunk's input rows as they are in global memory, q and k rows padded to 288 bytes:
-// 72 words = 8 (mod 32) makes the norms' 8-byte fragment loads (lanes g = 0..3 of a half-warp
-// at row g, words 2 t4, 2 t4 + 1: bank 8 g + 2 t4) hit 32 banks. 13-17 KB, over kd, qd and ki.
-constexpr int kStageRow = kHeadDim + 16;
-struct Staging {
-  __nv_bfloat16 q[kChunk][kStageRow], k[kChunk][kStageRow];
-  union {
-    __nv_bfloat16 g16[kChunk][kHeadDim];
-    float g32[kChunk][kHeadDim];  // g_is_f32
-  };
-};
-static_assert(offsetof(Smem, qd) == sizeof(Smem::kd) && offsetof(Smem, ki) == 2 * sizeof(Smem::kd) &&
-                  3 * sizeof(Smem::kd) >= sizeof(Staging),
-              "the inputs are staged over kd, qd and ki");
+// The staged rows are padded to 136 elements (272 bytes bf16, 544 bytes fp32), which makes the
+// lanes' reads below conflict-free: a q / k pair at (token g + 8 th, channel 32 w + 8 j + 2 t4)
+// is word 68 g + 16 w + 4 j + t4 (bank 4 g + t4 + const), a gate value at (token t4 + 4 i,
+// channel 32 w + 8 j + g) bank 4 t4 + g / 2 + const (bf16) or 8 t4 + g + const (fp32). Each
+// address is then a per-lane base plus a constant; an XOR swizzle by token (no padding) was
+// as conflict-free but cost ~3 integer instructions an access, in a kernel bound by issue.
+template <typename T>
+__device__ __forceinline__ int staged(int t, int b) {
+  return t * kStageRow * int(sizeof(T)) + b;
+}
 
 // Issues the cp.async of the chunk's rows of one tensor (row of token tok: (tok * heads + head)
-// * kRowBytes bytes from src), kRowBytes / 128 per thread. Rows past the sequence end are
-// zero-filled (src-size 0, nothing read); their address is clamped to the last valid row all
-// the same, so no address outside the tensor is ever formed.
-template <int kRowBytes, int kDstRowBytes = kRowBytes>
+// * kRowBytes bytes from src), kRowBytes / 128 per thread, into the padded tile. Rows past
+// the sequence end are zero-filled (src-size 0, nothing read); their address is clamped to the
+// last valid row all the same, so no address outside the tensor is ever formed.
+template <typename T>
 __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t0, int valid, int64_t heads,
                                            int64_t head, int c) {
   using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
-  constexpr int kPieces = kRowBytes / 16;
+  constexpr int kRowBytes = kHeadDim * int(sizeof(T)), kPieces = kRowBytes / 16;
   static_assert(kChunk * kPieces % kThreads == 0, "every thread issues the same number of copies");
 #pragma unroll
   for (int n = 0; n < kChunk * kPieces / kThreads; ++n) {
@@ -128,19 +116,17 @@ __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t
     const int64_t tok = t0 + (t < valid ? t : valid - 1);
     const char* s = static_cast<const char*>(src) + (tok * heads + head) * kRowBytes + j * 16;
     Copy::copy(*reinterpret_cast<const cute::uint128_t*>(s),
-               static_cast<cute::uint128_t*>(dst)[t * (kDstRowBytes / 16) + j], t < valid);
+               *reinterpret_cast<cute::uint128_t*>(static_cast<char*>(dst) + staged<T>(t, j * 16)), t < valid);
   }
 }
 
-// fp32 -> tf32 for an mma operand, round to nearest, ties to even: cvt.rn.tf32.f32 is one
-// instruction on sm_90 (the add-and-mask it replaces rounded ties away, 2 instructions; only
-// exact ties differ). PTX does not promise that the low 13 bits of the result are zero, so its
-// results only go where that cannot matter: into mma operands (which read tf32's 19 bits) or
-// through a rounding to bf16 (which drops those bits anyway).
-__device__ __forceinline__ float to_tf32(float x) {
+// fp32 -> tf32 for an mma operand, round to nearest, ties to even (one instruction on sm_90).
+// PTX does not promise that the low 13 bits of the result are zero, so its results only go
+// into mma operands, which read tf32's 19 bits.
+__device__ __forceinline__ uint32_t tf32(float x) {
   uint32_t y;
   asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
-  return __uint_as_float(y);
+  return y;
 }
 
 // 2^x and 1/x as single MUFU instructions (flush-to-zero; rel. error ~2^-22, far below tf32 and
@@ -150,92 +136,43 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+// 1 / sqrt(x) for x >= eps (a normal number): rsqrtf's denormal scaling is not needed.
+__device__ __forceinline__ float rsqrt(float x) {
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 __device__ __forceinline__ float rcp(float x) {
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
-__device__ __forceinline__ uint32_t bits(float x) { return __float_as_uint(x); }
-
-// Sums over channels c0 .. c0 + 31 of X[t][.]^2 for tokens g (.x) and g + 8 (.y), valid in the
-// lanes with t4 == g / 2: the diagonal of X X^T on tensor cores (bf16 products are exact in
-// fp32, fp32 accumulation). Which channel sits in which k-slot is immaterial to a sum over
-// channels, so a lane loads 4 adjacent channels of rows g and g + 8 (one 8-byte load each) as
-// its A fragment, and the same registers are the B fragments of n-tile 0 (tokens 0-7: rows g)
-// and n-tile 1 (tokens 8-15: rows g + 8). Diagonal (i, i) is n-tile i / 8's row i, column
-// i % 8: lane (g = i % 8, t4 = i % 8 / 2), accumulator i % 2 (+ 2 for n-tile 1).
-__device__ __forceinline__ float2 diag_sumsq(const __nv_bfloat16 (*X)[kStageRow], int c0, int g, int t4) {
-  float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    const uint2 lo = *reinterpret_cast<const uint2*>(&X[g][c0 + 16 * ks + 4 * t4]);
-    const uint2 hi = *reinterpret_cast<const uint2*>(&X[g + 8][c0 + 16 * ks + 4 * t4]);
-    MmaBf16::fma(d0[0], d0[1], d0[2], d0[3], lo.x, hi.x, lo.y, hi.y, lo.x, lo.y, d0[0], d0[1], d0[2], d0[3]);
-    MmaBf16::fma(d1[0], d1[1], d1[2], d1[3], lo.x, hi.x, lo.y, hi.y, hi.x, hi.y, d1[0], d1[1], d1[2], d1[3]);
-  }
-  return g % 2 ? make_float2(d0[1], d1[3]) : make_float2(d0[0], d1[2]);
+// The 8x8 bf16 matrix whose row g, columns 2 t4 and 2 t4 + 1, this lane holds, transposed:
+// the lane then holds row g of the transpose (PTX movmatrix; the m16n8 fragment layout).
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
 }
 
-// acc[nt] = A[16 x 64] B[16 x 64]^T over channels c0 .. c0 + 63 for token n-tiles nt = 0, 1
-// (A rows = tokens, B rows = tokens; both [token][channel] in shared memory).
-__device__ __forceinline__ void gram_half(const float (*A)[kPad], const float (*B)[kPad], int c0, int g, int t4,
-                                          float (&acc)[2][4]) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
-#pragma unroll 4
-  for (int kb = c0; kb < c0 + kHeadDim / 2; kb += 8) {
-    const uint32_t a0 = bits(A[g][kb + t4]), a1 = bits(A[g + 8][kb + t4]);
-    const uint32_t a2 = bits(A[g][kb + t4 + 4]), a3 = bits(A[g + 8][kb + t4 + 4]);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const uint32_t b0 = bits(B[8 * nt + g][kb + t4]), b1 = bits(B[8 * nt + g][kb + t4 + 4]);
-      MmaTf32::fma(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], a0, a1, a2, a3, b0, b1,
-                   acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-    }
-  }
+// x0, x1 as bf16 hi + lo pairs (x = hi + lo to ~2^-16 relative): two bf16 products then give
+// an fp32-accurate one.
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = pack_bf16(x0, x1);
+  const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+  lo = pack_bf16(x0 - h.x, x1 - h.y);
 }
 
-// B fragments of a 16x16 matrix X used as B[k = token j][n = token i] = X[i][j], for the two
-// k-steps ks and two n-tiles nt (k index t4 / t4+4 of a k-step of 8).
-__device__ __forceinline__ void load_b16(const float (*X)[kSq], int g, int t4, uint32_t (&b)[2][2][2]) {
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks)
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      b[ks][nt][0] = bits(X[8 * nt + g][8 * ks + t4]);
-      b[ks][nt][1] = bits(X[8 * nt + g][8 * ks + t4 + 4]);
-    }
-}
+__device__ __forceinline__ void store32(char* p, uint32_t x) { *reinterpret_cast<uint32_t*>(p) = x; }
 
-// acc = X^T-side product for one m-tile of 16 channels starting at c0:
-//   acc[nt] (channel x token) = T[token j][c0 + channel]^T B, T read from shared memory.
-// The mma's row index is only a label: row g is channel c0 + 2g and row g + 8 channel
-// c0 + 2g + 1, so a0/a1 (token t4) and a2/a3 (token t4 + 4) are each one 8-byte load of a
-// channel pair, and acc[nt][e] / acc[nt][e + 2] are that pair for token 8 nt + 2 t4 + e (one
-// bf16x2 store). Banks (row stride 4 mod 32): a half-warp (g = 0..3) reads words 4 t4 + 2g,
-// +1: 2-way conflicted, 4 wavefronts per load, as the two 32-bit loads it replaces were.
-__device__ __forceinline__ void tile_times(const float (*T)[kPad], int c0, int g, int t4,
-                                           const uint32_t (&b)[2][2][2], float (&acc)[2][4]) {
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    const int j = 8 * ks + t4;
-    const float2 lo = *reinterpret_cast<const float2*>(&T[j][c0 + 2 * g]);
-    const float2 hi = *reinterpret_cast<const float2*>(&T[j + 4][c0 + 2 * g]);
-    const uint32_t a0 = bits(lo.x), a1 = bits(lo.y), a2 = bits(hi.x), a3 = bits(hi.y);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-      MmaTf32::fma(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], a0, a1, a2, a3, b[ks][nt][0], b[ks][nt][1],
-                   acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-  }
-}
-
-// 8 blocks per SM (<= 64 registers, 8 x 27 KB of shared memory): each block runs its phases one
-// after the other, with warps idle at the barriers, which only other resident blocks can fill
-// (docs/perf-notes.md, stage 1's profile: barrier and latency stalls, not bandwidth alone).
-__global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParams p) {
+// 7 blocks per SM (<= 72 registers, 7 x 26 KB of shared memory): each block runs its phases one
+// after the other, with warps idle at the barriers, which only other resident blocks can fill.
+// At 8 blocks (64 registers) the kernel spilled and took longer on the small cases
+// (h4_fixed_1024: 9.3 against 7.3 us) for the same time on the large ones (session 9).
+// kGF32: g is fp32 (else bf16), a template parameter so that the gate's loads have one path.
+template <bool kGF32>
+__global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParams p) {
   __shared__ __align__(16) Smem sm;
   // The recurrence is this kernel's programmatic dependent launch (launch.cu): once every block
   // has started, i.e. in the last wave, its blocks may take the SMs this grid leaves idle and
@@ -244,11 +181,11 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
 
   const int c = threadIdx.x, lane = c % 32, warp = c / 32;
   // Without the bound ptxas treats c as possibly negative and every c / 2^n, c % 2^n costs a
-  // sign fix-up (~280 SHF / LEA.HI in the kernel; the copy-out's index math was ~230
-  // instructions for 7 stores).
+  // sign fix-up.
   __builtin_assume(c >= 0 && c < kThreads);
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
-  const int hv = blockIdx.y, h = hv / p.group;
+  // GVA (group > 1) is rare: the common case skips the division.
+  const int hv = blockIdx.y, h = p.group == 1 ? hv : hv / p.group;
   const int64_t slot = p.slot_begin + blockIdx.x;
   const int64_t n = p.seqs.seq_of_slot(slot);
   const int64_t chunk = slot - p.seqs.first_slot(n);
@@ -261,16 +198,16 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
   // Phase 1. Tokens past the sequence end are zero (k = q = 0, b = 0, a = 0; their staged
   // rows are zero-filled, and may lie past the end of the tensors): they then leave U, S and the
   // chunk decay untouched, so the recurrence needs no masks.
-  Staging& in = *reinterpret_cast<Staging*>(&sm.kd[0][0]);
-  stage_rows<kHeadDim * 2, kStageRow * 2>(in.q, p.q, t0, valid, p.heads, h, c);
-  stage_rows<kHeadDim * 2, kStageRow * 2>(in.k, p.k, t0, valid, p.heads, h, c);
-  if (p.g_is_f32)
-    stage_rows<kHeadDim * 4>(in.g32, p.g, t0, valid, p.value_heads, hv, c);
+  stage_rows<__nv_bfloat16>(sm.in.q, p.q, t0, valid, p.heads, h, c);
+  stage_rows<__nv_bfloat16>(sm.in.k, p.k, t0, valid, p.heads, h, c);
+  if constexpr (kGF32)
+    stage_rows<float>(sm.g32, p.g, t0, valid, p.value_heads, hv, c);
   else
-    stage_rows<kHeadDim * 2>(in.g16, p.g, t0, valid, p.value_heads, hv, c);
+    stage_rows<__nv_bfloat16>(sm.g16, p.g, t0, valid, p.value_heads, hv, c);
   cute::cp_async_fence();
   // The remaining global loads go out while the copies are in flight.
-  const float a_log = p.A_log[hv], bias = p.dt_bias[hv * kHeadDim + c];
+  const int ch0 = 32 * warp;
+  const float a_log = p.A_log[hv];
   if (c < kChunk) {
     sm.beta[c] = c < valid ? math::beta_sigmoid_fast(load_f(p.beta, (t0 + c) * p.value_heads + hv, p.beta_is_f32))
                            : 0.f;
@@ -279,110 +216,194 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
   // Also what orders the reads below after the wait: CuTe's cp.async asm has no memory clobber.
   __syncthreads();
 
-  float gC;
+  // This lane's q and k pairs: tokens g + 8 th, channels ch0 + 8 j + 2 t4, +1. Read here for
+  // the norms and again in phase 2 (kept, they would hold 16 registers through the gate).
+  const char* sq = reinterpret_cast<const char*>(sm.in.q);
+  const char* sk = reinterpret_cast<const char*>(sm.in.k);
+  auto pair_at = [&](const char* tile, int j, int th) {
+    const int off = staged<__nv_bfloat16>(g + 8 * th, 2 * (ch0 + 8 * j + 2 * t4));
+    const uint32_t x = *reinterpret_cast<const uint32_t*>(tile + off);
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  };
   {
-    float q[kChunk], k[kChunk], gr[kChunk];
+    float ssq[2] = {0.f, 0.f}, ssk[2] = {0.f, 0.f};
 #pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      q[t] = __bfloat162float(in.q[t][c]);
-      k[t] = __bfloat162float(in.k[t][c]);
+    for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+      for (int th = 0; th < 2; ++th) {
+        const float2 qf = pair_at(sq, j, th), kf = pair_at(sk, j, th);
+        ssq[th] = fmaf(qf.x, qf.x, fmaf(qf.y, qf.y, ssq[th]));
+        ssk[th] = fmaf(kf.x, kf.x, fmaf(kf.y, kf.y, ssk[th]));
+      }
+    // The warp's 32 channels: the four lanes of a row group hold 8 each.
+#pragma unroll
+    for (int th = 0; th < 2; ++th)
+#pragma unroll
+      for (int x = 1; x < 4; x *= 2) {
+        ssq[th] += __shfl_xor_sync(0xffffffffu, ssq[th], x);
+        ssk[th] += __shfl_xor_sync(0xffffffffu, ssk[th], x);
+      }
+    if (t4 < 2) {
+#pragma unroll
+      for (int th = 0; th < 2; ++th) sm.sumsq[t4][g + 8 * th][warp] = t4 == 0 ? ssq[th] : ssk[th];
     }
-    {  // This warp's share of ||q_t||^2 and ||k_t||^2: its 32 channels.
-      const float2 sq = diag_sumsq(in.q, 32 * warp, g, t4), sk = diag_sumsq(in.k, 32 * warp, g, t4);
-      if (t4 == g / 2) {
-        sm.sumsq[warp][0][g] = sq.x, sm.sumsq[warp][0][g + 8] = sq.y;
-        sm.sumsq[warp][1][g] = sk.x, sm.sumsq[warp][1][g + 8] = sk.y;
+  }
+
+  __syncthreads();  // the warps' sums of squares are in
+
+  // 1 / ||k_t|| and scale / ||q_t|| for this lane's tokens g, g + 8 (eps inside the square root;
+  // rows past the sequence end are zero: rsqrt(eps), finite).
+  float rq[2], rk[2];
+#pragma unroll
+  for (int th = 0; th < 2; ++th) {
+    const float4 sq = *reinterpret_cast<const float4*>(sm.sumsq[0][g + 8 * th]);
+    const float4 sk = *reinterpret_cast<const float4*>(sm.sumsq[1][g + 8 * th]);
+    rq[th] = p.scale * rsqrt((sq.x + sq.y) + (sq.z + sq.w) + float(math::kL2NormEps));
+    rk[th] = rsqrt((sk.x + sk.y) + (sk.z + sk.w) + float(math::kL2NormEps));
+  }
+  if (warp == 0 && t4 == 0) {  // for the normalisation and the inverse, past the next barrier
+#pragma unroll
+    for (int th = 0; th < 2; ++th) sm.rq[g + 8 * th] = rq[th], sm.rk[g + 8 * th] = rk[th];
+  }
+
+  // The cumulative gate of group j in log2 units, in the C layout (tokens g + 8 th, channels
+  // 2 t4, 2 t4 + 1 of the group), as Tri a over two k-steps of 8 tokens. The lane's B values
+  // are a at channel 8 j + g, tokens t4 + 4 i (i = 2 ks + half). math::safe_gate_fast in log2
+  // units: a2 = lower_bound log2(e) sigmoid(x), sigmoid(x) = 1 / (1 + 2^(-exp(A_log) log2(e) x));
+  // with the safe gate G >= 16 lower_bound >= -80, so 2^(+-G2) stays inside fp32's range, and
+  // 2^y = inf for a huge y gives rcp(inf) = 0, the sigmoid's limit. a = hi + lo with hi a's top
+  // 11 bits (exact in tf32) and lo the rest (rounded to tf32: ~2^-22 of a); Tri is exact.
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float rate2 = -__expf(a_log) * kLog2e, lb2 = p.lower_bound * kLog2e;
+  // Tri's A fragments for the k-steps ks = 0, 1 (rows g, g + 8, columns 8 ks + t4, + 4): two
+  // lane predicates and the constants 1 and 0.
+  const float* bias = p.dt_bias + hv * kHeadDim + ch0 + g;  // this lane's channels, 8 apart
+  const uint32_t one = __float_as_uint(1.f), lo4 = g >= t4 ? one : 0u, hi4 = g >= t4 + 4 ? one : 0u;
+  const uint32_t tri[2][4] = {{lo4, one, hi4, one}, {0u, lo4, 0u, hi4}};
+  auto gate = [&](int j, float (&G2)[4]) {
+    const int ch = ch0 + 8 * j + g;
+    const float x0 = bias[8 * j] * rate2;
+    uint32_t bhi[4], blo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = t4 + 4 * i;
+      const float x = kGF32
+          ? *reinterpret_cast<const float*>(reinterpret_cast<const char*>(sm.g32) + staged<float>(t, 4 * ch))
+          : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(reinterpret_cast<const char*>(sm.g16) +
+                                                                      staged<__nv_bfloat16>(t, 2 * ch)));
+      const float a = t < valid ? lb2 * rcp(1.f + ex2(fmaf(x, rate2, x0))) : 0.f;
+      bhi[i] = __float_as_uint(a) & 0xffffe000u;
+      blo[i] = tf32(a - __uint_as_float(bhi[i]));
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) G2[r] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const uint32_t(&t)[4] = tri[ks];
+      MmaTf32::fma(G2[0], G2[1], G2[2], G2[3], t[0], t[1], t[2], t[3], bhi[2 * ks], bhi[2 * ks + 1], G2[0], G2[1],
+                   G2[2], G2[3]);
+      MmaTf32::fma(G2[0], G2[1], G2[2], G2[3], t[0], t[1], t[2], t[3], blo[2 * ks], blo[2 * ks + 1], G2[0], G2[1],
+                   G2[2], G2[3]);
+    }
+  };
+
+  // Phase 2, per group: the gate, the decayed operands, the Grams, Qd and kr into the record,
+  // kd kept.
+  char* rec = p.records + ((slot - p.slot_begin) * p.value_heads + hv) * int64_t(kRecordBytes);
+  // This lane's 4-byte pieces of the W / Qd tiles (row g, channels ch0 + 2 t4, +1) and of kr^T
+  // (row ch0 + g, tokens 2 t4, +1); groups and token halves are constant offsets from them.
+  char* const rec_t = rec + gmma_tile_offset(g, ch0 + 2 * t4, kHeadDim);
+  char* const rec_kr = rec + kRecKr + gmma_tile_offset(ch0 + g, 2 * t4, kChunk);
+  float accL[2][4] = {}, accM[2][4] = {};
+  uint32_t kdB[kGroups][2][2];  // W's B operand: [group][hi / lo][token half], after movmatrix
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j) {
+    const int chp = ch0 + 8 * j + 2 * t4;  // this lane's channel pair
+    float G2[4];
+    gate(j, G2);
+    float kd[4], ki[4], qd[4];
+#pragma unroll
+    for (int th = 0; th < 2; ++th) {
+      const float2 qf = pair_at(sq, j, th), kf = pair_at(sk, j, th);
+      const float e0 = ex2(G2[2 * th]), e1 = ex2(G2[2 * th + 1]);
+      kd[2 * th] = kf.x * e0, kd[2 * th + 1] = kf.y * e1;
+      qd[2 * th] = qf.x * e0, qd[2 * th + 1] = qf.y * e1;
+      ki[2 * th] = kf.x * ex2(-G2[2 * th]), ki[2 * th + 1] = kf.y * ex2(-G2[2 * th + 1]);
+    }
+    {  // Grams over this group's 8 channels (k-slots t4, t4 + 4 = channels 2 t4, 2 t4 + 1)
+      const uint32_t b[2][2] = {{tf32(ki[0]), tf32(ki[1])}, {tf32(ki[2]), tf32(ki[3])}};
+      const uint32_t ad[4] = {tf32(kd[0]), tf32(kd[2]), tf32(kd[1]), tf32(kd[3])};
+      const uint32_t aq[4] = {tf32(qd[0]), tf32(qd[2]), tf32(qd[1]), tf32(qd[3])};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        MmaTf32::fma(accL[nt][0], accL[nt][1], accL[nt][2], accL[nt][3], ad[0], ad[1], ad[2], ad[3], b[nt][0],
+                     b[nt][1], accL[nt][0], accL[nt][1], accL[nt][2], accL[nt][3]);
+        MmaTf32::fma(accM[nt][0], accM[nt][1], accM[nt][2], accM[nt][3], aq[0], aq[1], aq[2], aq[3], b[nt][0],
+                     b[nt][1], accM[nt][0], accM[nt][1], accM[nt][2], accM[nt][3]);
       }
     }
-    if (p.g_is_f32) {
+    // The chunk decay of channels chp, chp + 1: G at token 15, held by lane (g = 7, t4).
+    const float gc0 = ex2(__shfl_sync(0xffffffffu, G2[2], 28 + t4));
+    const float gc1 = ex2(__shfl_sync(0xffffffffu, G2[3], 28 + t4));
+    if (g == j) *reinterpret_cast<float2*>(rec + kRecGC + 4 * chp) = make_float2(gc0, gc1);
 #pragma unroll
-      for (int t = 0; t < kChunk; ++t) gr[t] = in.g32[t][c];
-    } else {
-#pragma unroll
-      for (int t = 0; t < kChunk; ++t) gr[t] = __bfloat162float(in.g16[t][c]);
+    for (int th = 0; th < 2; ++th) {
+      // Qd rows g + 8 th: one 128-byte core matrix per warp store.
+      store32(rec_t + kRecQd + gmma_tile_offset(8 * th, 8 * j, kHeadDim),
+              pack_bf16(qd[2 * th] * rq[th], qd[2 * th + 1] * rq[th]));
+      // kr^T: the lane's token pair of channel ch0 + 8 j + g after the transpose.
+      const uint32_t kr = transpose8x8(pack_bf16(ki[2 * th] * gc0 * rk[th], ki[2 * th + 1] * gc1 * rk[th]));
+      store32(rec_kr + gmma_tile_offset(8 * j, 8 * th, kChunk), kr);
+      uint32_t hi, lo;
+      split_bf16(kd[2 * th], kd[2 * th + 1], hi, lo);
+      kdB[j][0][th] = transpose8x8(hi);
+      kdB[j][1][th] = transpose8x8(lo);
     }
-    __syncthreads();  // the staged rows are dead: kd and qd take their place; the sums are in
-    if (warp == 3) {  // here, not in phase 2, so that kr can be taken at phase 2's start
-      const int which = lane / kChunk, t = lane % kChunk;
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < kThreads / 32; ++w) s += sm.sumsq[w][which][t];
-      // Rows past the sequence end are zero: rsqrt(eps), finite.
-      const float r = rsqrtf(s + float(math::kL2NormEps));
-      (which ? sm.rk : sm.rq)[t] = which ? r : p.scale * r;
-    }
-    // math::safe_gate_fast in log2 units: G2 = G log2(e), a2 = lower_bound log2(e) sigmoid(x),
-    // sigmoid(x) = 1 / (1 + 2^(-exp(A_log) log2(e) x)). With the safe gate
-    // G >= 16 * lower_bound >= -80, so 2^(+-G2) stays inside fp32's range; 2^y = inf for a
-    // huge y gives rcp(inf) = 0, the sigmoid's limit.
-    constexpr float kLog2e = 1.4426950408889634f;
-    const float rate2 = -__expf(a_log) * kLog2e, x0 = bias * rate2, lb2 = p.lower_bound * kLog2e;
-    float G2 = 0.f;
-    auto step = [&](int t, bool live) {
-      if (live) G2 = fmaf(lb2, rcp(1.f + ex2(fmaf(gr[t], rate2, x0))), G2);
-      const float e = ex2(G2), ei = ex2(-G2);
-      sm.kd[t][c] = to_tf32(k[t] * e);
-      sm.ki[t][c] = to_tf32(k[t] * ei);
-      sm.qd[t][c] = to_tf32(q[t] * e);
-    };
-    // A full chunk (all but a sequence's last; valid is uniform over the block) takes the loop
-    // without the per-token predicate and selects.
-    if (valid == kChunk) {
-#pragma unroll
-      for (int t = 0; t < kChunk; ++t) step(t, true);
-    } else {
-#pragma unroll
-      for (int t = 0; t < kChunk; ++t) step(t, t < valid);
-    }
-    gC = ex2(G2);
   }
-  __syncthreads();
+  // Partial Grams: L to warp 0 from the others, M to warp 1.
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    if (warp != 0) sm.part[0][warp][nt][lane] = make_float4(accL[nt][0], accL[nt][1], accL[nt][2], accL[nt][3]);
+    if (warp != 1) sm.part[1][warp][nt][lane] = make_float4(accM[nt][0], accM[nt][1], accM[nt][2], accM[nt][3]);
+  }
+  __syncthreads();  // the partial Grams are in; q and k are dead (the 16x16 matrices go there)
 
-  // Phase 2. This thread's channel of kr = ki e^{G_C} / ||k||, bf16 token pairs, kept in
-  // registers for phase 5; then the Grams over channel halves (a chain of 8 mmas per
-  // accumulator). ki is read by every warp here, so nothing may take its place before the
-  // barrier: warps 2-3's halves go to `part`, which lies outside it.
-  uint32_t kr[kChunk / 2];
+  // Phase 3. Warps 0-1 add the partials and normalise in registers: L = strictly_lower(diag(b)
+  // kn kn^T) (warp 0) and M = lower_incl(scale qn kn^T) (warp 1), kn = k / ||k||, qn = q / ||q||.
+  // Meanwhile warps 2-3 zero the upper-right 8x8 blocks of Ak and Av, which the blocked inverse
+  // does not write.
+  // The matrix is chosen by a compile-time index: a reference picked at run time would put
+  // both accumulator arrays in local memory.
+  auto finish = [&](auto which_tag, float(&acc)[2][4]) {
+    constexpr int which = decltype(which_tag)::value;  // 0: L, 1: M
+    float(*X)[kLS] = which == 0 ? sm.m.L : sm.m.M;
 #pragma unroll
-  for (int t = 0; t < kChunk; t += 4) {
-    const float4 r = *reinterpret_cast<const float4*>(&sm.rk[t]);
-    kr[t / 2] = pack_bf16(sm.ki[t][c] * gC * r.x, sm.ki[t + 1][c] * gC * r.y);
-    kr[t / 2 + 1] = pack_bf16(sm.ki[t + 2][c] * gC * r.z, sm.ki[t + 3][c] * gC * r.w);
-  }
-  float acc[2][4];
-  gram_half(warp % 2 ? sm.qd : sm.kd, sm.ki, kHeadDim / 2 * (warp / 2), g, t4, acc);
-  if (warp >= 2) {
+    for (int w = 0; w < kThreads / 32; ++w) {
+      if (w == which) continue;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-      sm.part[warp % 2][nt][lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-  }
-  __syncthreads();
-
-  // Warps 0-1 add the halves and normalise in registers: L = strictly_lower(diag(b) kn kn^T)
-  // (warp 0) and M = lower_incl(scale qn kn^T) (warp 1), kn = k / ||k||, qn = q / ||q|| (eps
-  // inside the square root). Meanwhile warps 2-3 zero the upper-right 8x8 blocks of Ak and Av,
-  // which the blocked inverse does not write.
-  if (warp < 2) {
-    float(*X)[kLS] = warp == 0 ? sm.m.L : sm.m.M;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const float4 h = sm.part[warp][nt][lane];
-      acc[nt][0] += h.x, acc[nt][1] += h.y, acc[nt][2] += h.z, acc[nt][3] += h.w;
+      for (int nt = 0; nt < 2; ++nt) {
+        const float4 x = sm.part[which][w][nt][lane];
+        acc[nt][0] += x.x, acc[nt][1] += x.y, acc[nt][2] += x.z, acc[nt][3] += x.w;
+      }
     }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = g + 8 * half;
-      const float si = warp == 0 ? sm.beta[i] * sm.rk[i] : sm.rq[i];
+    for (int th = 0; th < 2; ++th) {
+      const int i = g + 8 * th;
+      const float si = which == 0 ? sm.beta[i] * rk[th] : rq[th];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int j = 8 * nt + 2 * t4;
-        const float2 rkj = *reinterpret_cast<const float2*>(&sm.rk[j]);
-        // L keeps j < i, M j <= i: j < i + warp.
-        const float v0 = j < i + warp ? acc[nt][2 * half] * si * rkj.x : 0.f;
-        const float v1 = j + 1 < i + warp ? acc[nt][2 * half + 1] * si * rkj.y : 0.f;
+        // L keeps j < i, M j <= i: j < i + which.
+        const float v0 = j < i + which ? acc[nt][2 * th] * si * sm.rk[j] : 0.f;
+        const float v1 = j + 1 < i + which ? acc[nt][2 * th + 1] * si * sm.rk[j + 1] : 0.f;
         *reinterpret_cast<float2*>(&X[i][j]) = make_float2(v0, v1);
       }
     }
+  };
+  if (warp == 0) {
+    finish(std::integral_constant<int, 0>{}, accL);
+  } else if (warp == 1) {
+    finish(std::integral_constant<int, 1>{}, accM);
   } else {
     const int e = c - 64;  // 32 float4 stores: (Ak, Av) x 8 rows x 2 halves
     if (e < 32) {
@@ -392,12 +413,11 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
   }
   __syncthreads();
 
-  // Phase 3: (I + L)^-1 on warp 0, with I + L = [[I + A, 0], [C, I + D]] in 8x8 blocks:
+  // (I + L)^-1 on warp 0, with I + L = [[I + A, 0], [C, I + D]] in 8x8 blocks:
   //   (I + L)^-1 = [[A', 0], [-D' C A', D']],  A' = (I + A)^-1, D' = (I + D)^-1.
   // A' and D' by forward substitution, one column per lane (lanes 0-7 A', 8-15 D'; 16-31
-  // repeat 0-15, SIMT makes that free), the same operations as the unblocked substitution did
-  // on those blocks; then Y = C A' and Z = D' Y with two entries per lane. Dependent chain:
-  // 7 + 8 + 8 FMAs (the unblocked substitution: 15, with 120 FMAs a lane on 16 lanes).
+  // repeat 0-15, SIMT makes that free); then Y = C A' and Z = D' Y with two entries per lane.
+  // Dependent chain: 7 + 8 + 8 FMAs.
   if (warp == 0) {
     const int jj = lane % 8, o = 8 * ((lane / 8) % 2);
     float x[kChunk / 2];
@@ -416,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
       const float bj = sm.beta[j], rkj = sm.rk[j];
 #pragma unroll
       for (int i = 0; i < kChunk / 2; ++i) {
-        sm.m.Ak[o + i][j] = to_tf32(x[i] * bj * rkj);
+        sm.m.Ak[o + i][j] = x[i] * bj * rkj;
         sm.m.Av[o + i][j] = x[i] * bj;
       }
       if (o != 0) {
@@ -447,94 +467,44 @@ __global__ void __launch_bounds__(kThreads, 8) prepare_kernel(const PrepareParam
       float s = 0.f;
 #pragma unroll
       for (int m = 0; m < kChunk / 2; ++m) s = fmaf(Di[m], ym[m], s);
-      sm.m.Ak[kChunk / 2 + i][jj] = to_tf32(-s * bj * rkj);
+      sm.m.Ak[kChunk / 2 + i][jj] = -s * bj * rkj;
       sm.m.Av[kChunk / 2 + i][jj] = -s * bj;
     }
   }
   __syncthreads();
 
-  // Phase 4: per m-tile of 16 channels, W^T = kd^T Ak^T. Thread c also takes its channel of
-  // Qd = qd diag(scale / ||q||) into registers: the record is assembled over qd.
-  uint32_t bAk[2][2][2];
-  load_b16(sm.m.Ak, g, t4, bAk);
-  float W[2][2][4];
+  // Phase 4: W = Ak kd per group (rows = tokens, bf16 hi + lo on both sides; Ak lo x kd lo,
+  // ~2^-16 relative, is left out), then Av (hi and lo) and M: 256 entries each, two per thread.
+  {
+    uint32_t ahi[4], alo[4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+    for (int r = 0; r < 4; ++r) {  // A fragment: rows g + 8 (r % 2), columns 2 t4 + 8 (r / 2), +1
+      const float2 x = *reinterpret_cast<const float2*>(&sm.m.Ak[g + 8 * (r % 2)][2 * t4 + 8 * (r / 2)]);
+      split_bf16(x.x, x.y, ahi[r], alo[r]);
+    }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int j = 0; j < kGroups; ++j) {
+      float w[4] = {0.f, 0.f, 0.f, 0.f};
+      MmaBf16::fma(w[0], w[1], w[2], w[3], ahi[0], ahi[1], ahi[2], ahi[3], kdB[j][0][0], kdB[j][0][1], w[0], w[1],
+                   w[2], w[3]);
+      MmaBf16::fma(w[0], w[1], w[2], w[3], ahi[0], ahi[1], ahi[2], ahi[3], kdB[j][1][0], kdB[j][1][1], w[0], w[1],
+                   w[2], w[3]);
+      MmaBf16::fma(w[0], w[1], w[2], w[3], alo[0], alo[1], alo[2], alo[3], kdB[j][0][0], kdB[j][0][1], w[0], w[1],
+                   w[2], w[3]);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) W[mt][nt][r] = 0.f;
-    tile_times(sm.kd, 32 * warp + 16 * mt, g, t4, bAk, W[mt]);
-  }
-  float qd[kChunk];
-#pragma unroll
-  for (int t = 0; t < kChunk; t += 4) {
-    const float4 r = *reinterpret_cast<const float4*>(&sm.rq[t]);
-    qd[t] = sm.qd[t][c] * r.x, qd[t + 1] = sm.qd[t + 1][c] * r.y;
-    qd[t + 2] = sm.qd[t + 2][c] * r.z, qd[t + 3] = sm.qd[t + 3][c] * r.w;
-  }
-  __syncthreads();  // kd and qd are dead: assemble the record over them
-
-  // Phase 5: the record (params.h: bf16 tiles in wgmma's layout, gmma_tile_offset) is
-  // assembled in shared memory. W and Qd go in as padded [token][channel] rows (assembled():
-  // conflict-free stores from the mma fragments and from thread c's channel) and are reordered
-  // into core matrices by the copy-out below; kr^T, Av, Av lo and M are stored in their final
-  // order (thread c owns row c of kr^T: two 16-byte pieces).
-  char* st = reinterpret_cast<char*>(&sm.kd[0][0]);
-  auto* sW = reinterpret_cast<__nv_bfloat16*>(st + assembled(kRecW));
-  auto* sQd = reinterpret_cast<__nv_bfloat16*>(st + assembled(kRecQd));
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {  // channels ch, ch + 1 of token t (tile_times)
-        const int ch = 32 * warp + 16 * mt + 2 * g, t = 8 * nt + 2 * t4 + e;
-        *reinterpret_cast<uint32_t*>(&sW[t * kAsmRow + ch]) = pack_bf16(W[mt][nt][e], W[mt][nt][e + 2]);
-      }
+      for (int th = 0; th < 2; ++th)
+        store32(rec_t + kRecW + gmma_tile_offset(8 * th, 8 * j, kHeadDim), pack_bf16(w[2 * th], w[2 * th + 1]));
     }
   }
   {
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) sQd[t * kAsmRow + c] = __float2bfloat16(qd[t]);
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      *reinterpret_cast<uint4*>(st + assembled(kRecKr + gmma_tile_offset(c, 8 * half, kChunk))) =
-          make_uint4(kr[4 * half], kr[4 * half + 1], kr[4 * half + 2], kr[4 * half + 3]);
-  }
-  {  // Av (hi and lo) and M: 256 entries each, two per thread (the 16x16 matrices lie past the record)
     const int i = c / 8, j = 2 * (c % 8);
     const float a0 = sm.m.Av[i][j], a1 = sm.m.Av[i][j + 1];
-    const uint32_t hi = pack_bf16(a0, a1);
-    const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+    uint32_t hi, lo;
+    split_bf16(a0, a1, hi, lo);
     const int at = gmma_tile_offset(i, j, kChunk);
-    *reinterpret_cast<uint32_t*>(st + assembled(kRecAv + at)) = hi;
-    *reinterpret_cast<uint32_t*>(st + assembled(kRecAvLo + at)) = pack_bf16(a0 - h.x, a1 - h.y);
-    *reinterpret_cast<uint32_t*>(st + assembled(kRecM + at)) = pack_bf16(sm.m.M[i][j], sm.m.M[i][j + 1]);
-  }
-  reinterpret_cast<float*>(st + assembled(kRecGC))[c] = gC;
-  __syncthreads();
-
-  // Consecutive threads store consecutive 16-byte pieces of the record. A piece of W or Qd is
-  // row r of core matrix m: token (m / 16) * 8 + r, channels 8 (m % 16) .. +7 of the padded
-  // rows (8 lanes read 8 rows 272 bytes apart: conflict-free); every later piece is already
-  // in place.
-  char* rec = p.records + ((slot - p.slot_begin) * p.value_heads + hv) * int64_t(kRecordBytes);
-  static_assert(kRecordBytes % (16 * kThreads) == 0, "every thread stores the same number of pieces");
-  static_assert(kRecQd == kRecW + kChunk * kHeadDim * 2 && kRecKr == kRecQd + kChunk * kHeadDim * 2,
-                "W and Qd are the record's first two tiles");
-  static_assert(kRecKr % (16 * kThreads) == 0, "a store is W/Qd or in place by its n alone");
-#pragma unroll
-  for (int n = 0; n < kRecordBytes / (16 * kThreads); ++n) {
-    const int i = c + n * kThreads;
-    int src;
-    if (n < kRecKr / (16 * kThreads)) {
-      const int tile = i / (kChunk * kHeadDim * 2 / 16), m = (i / 8) % (kChunk * kHeadDim / 64), r = i % 8;
-      src = assembled(tile * (kChunk * kHeadDim * 2) + ((m / 16) * 8 + r) * (kHeadDim * 2) + (m % 16) * 16);
-    } else {
-      src = assembled(16 * i);
-    }
-    reinterpret_cast<uint4*>(rec)[i] = *reinterpret_cast<const uint4*>(st + src);
+    store32(rec + kRecAv + at, hi);
+    store32(rec + kRecAvLo + at, lo);
+    store32(rec + kRecM + at, pack_bf16(sm.m.M[i][j], sm.m.M[i][j + 1]));
   }
 }
 
@@ -544,7 +514,10 @@ cudaError_t launch_prepare(const PrepareParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.slot_end - p.slot_begin), static_cast<unsigned>(p.value_heads));
   PrepareParams q = p;
   q.group = p.value_heads / p.heads;
-  prepare_kernel<<<grid, kThreads, 0, stream>>>(q);
+  if (p.g_is_f32)
+    prepare_kernel<true><<<grid, kThreads, 0, stream>>>(q);
+  else
+    prepare_kernel<false><<<grid, kThreads, 0, stream>>>(q);
   return cudaGetLastError();
 }
 
