@@ -46,8 +46,6 @@ template <gmma::ScaleIn kScaleA>
 using MmaN16 = gmma::MMA_64x16x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K, kScaleA, gmma::ScaleIn::One>;
 using MmaN128 = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
 constexpr int kStages = 6;
-constexpr int kUAcc = 1;  // accumulators of U's batch: 1, 2 or 4 (1: fewest instructions on the chain; perf-notes, session 8)
-static_assert(kUAcc == 1 || kUAcc == 2 || kUAcc == 4, "U's accumulators: 1, 2 or 4");
 
 template <int NW>
 struct Layout {
@@ -428,30 +426,26 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
         }
       }
 
-      // U^T = v^T (Av + Av lo)^T - S^T W^T over kUAcc accumulators: xu[a] takes the k-steps
-      // kk = a (mod kUAcc) of -S^T W^T (A scaled by -1), v^T Av^T and v^T Av lo^T go to xu[2]
-      // and xu[3] (mod kUAcc). More accumulators make U's dependent chain of wgmmas shorter and
-      // cost the adds that join them, on the step's chain.
+      // U^T = v^T (Av + Av lo)^T - S^T W^T in one accumulator (-S^T W^T with A scaled by -1).
+      // Split over 2 or 4 accumulators, U's dependent chain of wgmmas was shorter but the adds
+      // that joined them sat on the step's chain: one is fewest instructions (perf-notes, session 8).
       // This warp's rows v0+g, v0+g+8; token columns 8j+2*t4+{0,1}.
-      constexpr int kAcc = kUAcc;
-      float xu[kAcc][2][4] = {};
-#pragma unroll
-      for (int a = 0; a < kAcc; ++a) fence_regs(xu[a]);
+      float xu[2][4] = {};
+      fence_regs(xu);
       fence_regs(s);
       cute::warpgroup_arrive();
       if constexpr (kU0) {
-        mma_n16(xu[2 % kAcc], va[0], desc.tile(kRecAv, kChunk, 0));
-        mma_n16(xu[3 % kAcc], va[0], desc.tile(kRecAvLo, kChunk, 0));
+        mma_n16(xu, va[0], desc.tile(kRecAv, kChunk, 0));
+        mma_n16(xu, va[0], desc.tile(kRecAvLo, kChunk, 0));
       }
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk)
-        mma_n16<gmma::ScaleIn::Neg>(xu[kk % kAcc], sa[cur][kk], desc.tile(kRecW, kHeadDim, kk));
+        mma_n16<gmma::ScaleIn::Neg>(xu, sa[cur][kk], desc.tile(kRecW, kHeadDim, kk));
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();  // this batch, and the previous chunk's O before it
       // The previous chunk's O was the last reader of its buffer: this warp releases it.
       if (c > c_begin && lane == 0) cuda::ptx::mbarrier_arrive(empty + (buf == 0 ? kStages - 1 : buf - 1));
-#pragma unroll
-      for (int a = 0; a < kAcc; ++a) fence_regs(xu[a]);
+      fence_regs(xu);
       fence_regs(va);
       if constexpr (kOut) {
         fence_regs(o[prv]);
@@ -463,16 +457,9 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
           if (c > c_begin) write_out(o[prv]);
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          if constexpr (kAcc == 4) xu[0][j][r] = (xu[0][j][r] + xu[1][j][r]) + (xu[2 % kAcc][j][r] + xu[3 % kAcc][j][r]);
-          if constexpr (kAcc == 2) xu[0][j][r] += xu[1 % kAcc][j][r];
-        }
-#pragma unroll
       for (int j = 0; j < 2; ++j) {
-        ua[cur][0][2 * j] = pack_bf16(xu[0][j][0], xu[0][j][1]);
-        ua[cur][0][2 * j + 1] = pack_bf16(xu[0][j][2], xu[0][j][3]);
+        ua[cur][0][2 * j] = pack_bf16(xu[j][0], xu[j][1]);
+        ua[cur][0][2 * j + 1] = pack_bf16(xu[j][2], xu[j][3]);
       }
     };
     auto back = [&](auto parity_tag, int64_t c, bool write_prev) {
