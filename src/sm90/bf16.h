@@ -14,6 +14,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+/// The two bf16 of a packed pair (lo in the low half) as fp32: a bf16 is the top half of its
+/// fp32, so one shift and one mask (cvt.f32.bf16 of each half costs a PRMT more per pair).
+__device__ __forceinline__ float2 unpack_bf16(uint32_t x) {
+  return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+}
+
 /// Element i of a tensor that is fp32 or bf16 (`is_f32`), as fp32: the inputs (beta) and states
 /// whose dtype the caller picks.
 __device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32) {

@@ -81,6 +81,15 @@ struct SeqIndex {
     return len > 0 ? len : 0;
   }
   __device__ __forceinline__ int64_t first_slot(int64_t n) const { return n + start(n) / kChunk; }
+  /// start(n), length(n) and first_slot(n) from one start() each of n and n + 1 (the separate
+  /// calls repeat them: ~30 instructions in stage 1's prologue).
+  struct Span {
+    int64_t begin, length, first_slot;
+  };
+  __device__ __forceinline__ Span span(int64_t n) const {
+    const int64_t b = start(n), e = start(n + 1);
+    return {b, e > b ? e - b : 0, n + static_cast<int64_t>(static_cast<uint64_t>(b) / kChunk)};
+  }
   /// The sequence owning `slot`: the largest n with first_slot(n) <= slot.
   __device__ __forceinline__ int64_t seq_of_slot(int64_t slot) const {
     int64_t lo = 0, hi = num_seqs - 1;

@@ -10,14 +10,15 @@
 // tf32 Grams (k-slot t4 <-> channel 2 t4, slot t4 + 4 <-> channel 2 t4 + 1: a sum over
 // channels does not care which slot holds which channel) and, token half by token half, their
 // B operand. The version before, which kept fp32 kd / ki / qd tiles in shared memory, ran at
-// 88% of L1 throughput (1,668 wavefronts a record); this one at ~50%, bound instead by issue
-// (~5,100 warp-instructions a record): its time is its instruction count (docs/perf-notes.md,
-// session 9). Phases:
-//   1. the chunk's q, k and g rows are staged in shared memory by 16-byte cp.async, rows
-//      padded so that the lanes' reads below are conflict-free; each lane reads its q and k
-//      pairs, sums q_t^2 and k_t^2 over them, and computes the cumulative gate G of its
-//      positions as a tensor-core product G = Tri a (Tri the 16 x 16 lower-triangular ones; a
-//      read in the B layout, as tf32 hi + lo parts, so that G keeps ~fp32 accuracy);
+// 88% of L1 throughput (1,668 wavefronts a record); this one at ~50%, bound by issue and by
+// the latency of its loads (~4,400 warp-instructions a record, DRAM at ~74% of peak;
+// docs/perf-notes.md, sessions 9 and 10). Phases:
+//   1. the chunk's q, k and g rows (and dt_bias) are staged in shared memory by 16-byte
+//      cp.async, rows padded so that ldmatrix is conflict-free; the squared norms of q_t and
+//      k_t are the diagonals of the bf16 Grams q q^T and k k^T (tensor cores, fed by the same
+//      ldmatrix fragments); the cumulative gate G of the lane's positions is a tensor-core
+//      product G = Tri a (Tri the 16 x 16 lower-triangular ones; a from a transposed ldmatrix
+//      of g, in the B layout, as tf32 hi + lo parts, so that G keeps ~fp32 accuracy);
 //   2. per group: kd = k e^G, ki = k e^-G, qd = q e^G in registers; the Grams kd ki^T (-> L)
 //      and qd ki^T (-> M) over the warp's channels; Qd = qd scale / ||q|| and
 //      kr = ki e^{G_C} / ||k|| straight into the record (kr transposed by movmatrix); kd kept as
@@ -34,6 +35,7 @@
 
 #include <type_traits>
 
+#include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
 
@@ -82,6 +84,7 @@ struct Smem {
   // Per token, each warp's sum over its 32 channels of q_t^2 ([0]) and k_t^2 ([1]): one
   // 16-byte read gives a lane all four warps' sums.
   alignas(16) float sumsq[2][kChunk][kThreads / 32];
+  float bias[kHeadDim];  // dt_bias of the head, staged with the rows
   float beta[kChunk];
   float rk[kChunk];  // 1 / ||k_t|| (eps inside the square root)
   float rq[kChunk];  // scale / ||q_t||
@@ -89,12 +92,12 @@ struct Smem {
 static_assert(sizeof(Smem::m) <= sizeof(Smem::in), "the 16x16 matrices fit over q and k");
 static_assert(sizeof(Smem) <= 31 * 1024, "7 blocks of 128 threads fit an SM (228 KB, 1 KB reserved a block)");
 
-// The staged rows are padded to 136 elements (272 bytes bf16, 544 bytes fp32), which makes the
-// lanes' reads below conflict-free: a q / k pair at (token g + 8 th, channel 32 w + 8 j + 2 t4)
-// is word 68 g + 16 w + 4 j + t4 (bank 4 g + t4 + const), a gate value at (token t4 + 4 i,
-// channel 32 w + 8 j + g) bank 4 t4 + g / 2 + const (bf16) or 8 t4 + g + const (fp32). Each
-// address is then a per-lane base plus a constant; an XOR swizzle by token (no padding) was
-// as conflict-free but cost ~3 integer instructions an access, in a kernel bound by issue.
+// The staged rows are padded to 136 elements (272 bytes bf16, 544 bytes fp32): the 8 rows of an
+// ldmatrix 8x8 matrix are then 68 words apart, 4 banks, and its 8 x 16 bytes cover all 32 banks
+// once. (An fp32 g value at token 8 ks + 2 t4 + e, channel 32 w + 8 j + g, is at bank
+// 16 t4 + g + const: a 2-way conflict on the rare fp32-g path.) Each address is a per-lane base
+// plus a constant; an XOR swizzle by token (no padding) was as conflict-free but cost ~3 integer
+// instructions an access, in a kernel bound by issue.
 template <typename T>
 __device__ __forceinline__ int staged(int t, int b) {
   return t * kStageRow * int(sizeof(T)) + b;
@@ -109,12 +112,16 @@ __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t
                                            int64_t head, int c) {
   using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
   constexpr int kRowBytes = kHeadDim * int(sizeof(T)), kPieces = kRowBytes / 16;
-  static_assert(kChunk * kPieces % kThreads == 0, "every thread issues the same number of copies");
+  static_assert(kThreads % kPieces == 0, "a thread keeps its piece j of every row it copies");
+  constexpr int kRowsPerPass = kThreads / kPieces;
+  const int j = c % kPieces;
+  // One 64-bit product per tensor; the rows are then a 32 x 64-bit multiply-add each.
+  const char* row0 = static_cast<const char*>(src) + (t0 * heads + head) * kRowBytes + j * 16;
+  const int64_t stride = heads * kRowBytes;
 #pragma unroll
-  for (int n = 0; n < kChunk * kPieces / kThreads; ++n) {
-    const int i = c + n * kThreads, t = i / kPieces, j = i % kPieces;
-    const int64_t tok = t0 + (t < valid ? t : valid - 1);
-    const char* s = static_cast<const char*>(src) + (tok * heads + head) * kRowBytes + j * 16;
+  for (int n = 0; n < kChunk / kRowsPerPass; ++n) {
+    const int t = c / kPieces + n * kRowsPerPass;
+    const char* s = row0 + (t < valid ? t : valid - 1) * stride;
     Copy::copy(*reinterpret_cast<const cute::uint128_t*>(s),
                *reinterpret_cast<cute::uint128_t*>(static_cast<char*>(dst) + staged<T>(t, j * 16)), t < valid);
   }
@@ -122,7 +129,10 @@ __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t
 
 // fp32 -> tf32 for an mma operand, round to nearest, ties to even (one instruction on sm_90).
 // PTX does not promise that the low 13 bits of the result are zero, so its results only go
-// into mma operands, which read tf32's 19 bits.
+// into mma operands, which read tf32's 19 bits. The Grams' operands skip it: given fp32 bits,
+// the tensor cores drop the low 13 (truncation, as Triton's tf32 dots of fp32 values do), and
+// the four cvt a group were ~4% of the kernel's instructions for no measurable accuracy
+// (accuracy grid max ours / fla 1.00 either way, session 10).
 __device__ __forceinline__ uint32_t tf32(float x) {
   uint32_t y;
   asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
@@ -160,7 +170,7 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 // an fp32-accurate one.
 __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   hi = pack_bf16(x0, x1);
-  const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+  const float2 h = unpack_bf16(hi);
   lo = pack_bf16(x0 - h.x, x1 - h.y);
 }
 
@@ -179,7 +189,10 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   // load their initial states; they wait for this grid's completion before reading a record.
   cudaTriggerProgrammaticLaunchCompletion();
 
-  const int c = threadIdx.x, lane = c % 32, warp = c / 32;
+  // The warp index broadcast from lane 0 (CUTLASS's canonical_warp_idx_sync): ptxas then knows
+  // that branches on it are warp-uniform (with c / 32, the shuffles inside warp 0's inverse
+  // got divergence wrappers).
+  const int c = threadIdx.x, lane = c % 32, warp = __shfl_sync(0xffffffffu, c / 32, 0);
   // Without the bound ptxas treats c as possibly negative and every c / 2^n, c % 2^n costs a
   // sign fix-up.
   __builtin_assume(c >= 0 && c < kThreads);
@@ -188,8 +201,8 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   const int hv = blockIdx.y, h = p.group == 1 ? hv : hv / p.group;
   const int64_t slot = p.slot_begin + blockIdx.x;
   const int64_t n = p.seqs.seq_of_slot(slot);
-  const int64_t chunk = slot - p.seqs.first_slot(n);
-  const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.length(n);
+  const SeqIndex::Span span = p.seqs.span(n);
+  const int64_t chunk = slot - span.first_slot, seq_begin = span.begin, seq_len = span.length;
   // An empty slot (no record is read for it), or bad cu_seqlens values (see SeqIndex::start).
   if (chunk < 0 || chunk * kChunk >= seq_len) return;
   const int64_t t0 = seq_begin + chunk * kChunk;
@@ -204,6 +217,10 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
     stage_rows<float>(sm.g32, p.g, t0, valid, p.value_heads, hv, c);
   else
     stage_rows<__nv_bfloat16>(sm.g16, p.g, t0, valid, p.value_heads, hv, c);
+  if (c < kHeadDim / 4)  // 16-byte pieces (validate.cpp: tensors are 16-byte aligned)
+    cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
+        reinterpret_cast<const cute::uint128_t*>(p.dt_bias + hv * kHeadDim)[c],
+        reinterpret_cast<cute::uint128_t*>(sm.bias)[c]);
   cute::cp_async_fence();
   // The remaining global loads go out while the copies are in flight.
   const int ch0 = 32 * warp;
@@ -216,36 +233,44 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   // Also what orders the reads below after the wait: CuTe's cp.async asm has no memory clobber.
   __syncthreads();
 
-  // This lane's q and k pairs: tokens g + 8 th, channels ch0 + 8 j + 2 t4, +1. Read here for
-  // the norms and again in phase 2 (kept, they would hold 16 registers through the gate).
+  // ldmatrix of a staged bf16 tile: lanes 0-7 address tokens 0-7 of 8 channels, 8-15 tokens 8-15,
+  // 16-31 the same of the next 8 (x4 only); at byte offset 16 j, group j's channels. Untransposed
+  // (q, k), register th of a group holds tokens g + 8 th x channels ch0 + 8 j + 2 t4, +1 as a
+  // bf16 pair: the C layout of phase 2, and with the next group's two the A fragment of an
+  // m16n8k16 product. Transposed (g), register ks holds tokens 8 ks + 2 t4, +1 of channel
+  // ch0 + 8 j + g: the B fragment of the gate's Tri a below.
+  const int ld_off = staged<__nv_bfloat16>(lane % 8 + 8 * (lane / 8 % 2), 2 * (ch0 + 8 * (lane / 16)));
   const char* sq = reinterpret_cast<const char*>(sm.in.q);
   const char* sk = reinterpret_cast<const char*>(sm.in.k);
-  auto pair_at = [&](const char* tile, int j, int th) {
-    const int off = staged<__nv_bfloat16>(g + 8 * th, 2 * (ch0 + 8 * j + 2 * t4));
-    const uint32_t x = *reinterpret_cast<const uint32_t*>(tile + off);
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  auto frag = [&](const char* tile, int s, uint32_t(&x)[4]) {
+    cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(tile + ld_off + 32 * s), x[0], x[1],
+                                  x[2], x[3]);
   };
   {
-    float ssq[2] = {0.f, 0.f}, ssk[2] = {0.f, 0.f};
+    // ||q_t||^2 and ||k_t||^2 over the warp's 32 channels, as the diagonals of the Grams q q^T and
+    // k k^T on tensor cores (bf16 products are exact in fp32). A fragment of 16 tokens is, token
+    // half by token half, the B fragment of 8 of them, so one ldmatrix feeds both operands.
+    float d[2][2][4] = {};  // [q / k][n-tile: tokens 0-7 / 8-15][C fragment]
 #pragma unroll
-    for (int j = 0; j < kGroups; ++j)
+    for (int s = 0; s < 2; ++s)
 #pragma unroll
-      for (int th = 0; th < 2; ++th) {
-        const float2 qf = pair_at(sq, j, th), kf = pair_at(sk, j, th);
-        ssq[th] = fmaf(qf.x, qf.x, fmaf(qf.y, qf.y, ssq[th]));
-        ssk[th] = fmaf(kf.x, kf.x, fmaf(kf.y, kf.y, ssk[th]));
+      for (int x = 0; x < 2; ++x) {
+        uint32_t a[4];
+        frag(x == 0 ? sq : sk, s, a);
+        float(&e)[2][4] = d[x];
+        MmaBf16::fma(e[0][0], e[0][1], e[0][2], e[0][3], a[0], a[1], a[2], a[3], a[0], a[2], e[0][0], e[0][1],
+                     e[0][2], e[0][3]);
+        MmaBf16::fma(e[1][0], e[1][1], e[1][2], e[1][3], a[0], a[1], a[2], a[3], a[1], a[3], e[1][0], e[1][1],
+                     e[1][2], e[1][3]);
       }
-    // The warp's 32 channels: the four lanes of a row group hold 8 each.
+    // Diagonal entry (i, i) sits with lane g = i % 8, t4 = g / 2: element g % 2 of n-tile 0
+    // (i < 8), element 2 + g % 2 of n-tile 1 (i >= 8).
+    if (t4 == g / 2) {
 #pragma unroll
-    for (int th = 0; th < 2; ++th)
-#pragma unroll
-      for (int x = 1; x < 4; x *= 2) {
-        ssq[th] += __shfl_xor_sync(0xffffffffu, ssq[th], x);
-        ssk[th] += __shfl_xor_sync(0xffffffffu, ssk[th], x);
+      for (int x = 0; x < 2; ++x) {
+        sm.sumsq[x][g][warp] = g % 2 ? d[x][0][1] : d[x][0][0];
+        sm.sumsq[x][g + 8][warp] = g % 2 ? d[x][1][3] : d[x][1][2];
       }
-    if (t4 < 2) {
-#pragma unroll
-      for (int th = 0; th < 2; ++th) sm.sumsq[t4][g + 8 * th][warp] = t4 == 0 ? ssq[th] : ssk[th];
     }
   }
 
@@ -268,29 +293,33 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
 
   // The cumulative gate of group j in log2 units, in the C layout (tokens g + 8 th, channels
   // 2 t4, 2 t4 + 1 of the group), as Tri a over two k-steps of 8 tokens. The lane's B values
-  // are a at channel 8 j + g, tokens t4 + 4 i (i = 2 ks + half). math::safe_gate_fast in log2
+  // are a at channel 8 j + g, tokens 8 ks + 2 t4, +1 (the transposed ldmatrix's pair), so k-slot
+  // t4 stands for token 8 ks + 2 t4 and slot t4 + 4 for the next one. math::safe_gate_fast in log2
   // units: a2 = lower_bound log2(e) sigmoid(x), sigmoid(x) = 1 / (1 + 2^(-exp(A_log) log2(e) x));
   // with the safe gate G >= 16 lower_bound >= -80, so 2^(+-G2) stays inside fp32's range, and
   // 2^y = inf for a huge y gives rcp(inf) = 0, the sigmoid's limit. a = hi + lo with hi a's top
   // 11 bits (exact in tf32) and lo the rest (rounded to tf32: ~2^-22 of a); Tri is exact.
   constexpr float kLog2e = 1.4426950408889634f;
   const float rate2 = -__expf(a_log) * kLog2e, lb2 = p.lower_bound * kLog2e;
-  // Tri's A fragments for the k-steps ks = 0, 1 (rows g, g + 8, columns 8 ks + t4, + 4): two
-  // lane predicates and the constants 1 and 0.
-  const float* bias = p.dt_bias + hv * kHeadDim + ch0 + g;  // this lane's channels, 8 apart
-  const uint32_t one = __float_as_uint(1.f), lo4 = g >= t4 ? one : 0u, hi4 = g >= t4 + 4 ? one : 0u;
+  // Tri's A fragments for the k-steps ks = 0, 1 (rows g, g + 8; k-slots t4, t4 + 4 = tokens
+  // 8 ks + 2 t4, +1): two lane predicates and the constants 1 and 0.
+  const uint32_t one = __float_as_uint(1.f), lo4 = g >= 2 * t4 ? one : 0u, hi4 = g >= 2 * t4 + 1 ? one : 0u;
   const uint32_t tri[2][4] = {{lo4, one, hi4, one}, {0u, lo4, 0u, hi4}};
-  auto gate = [&](int j, float (&G2)[4]) {
+  // graw: group j's transposed ldmatrix of g's tile, token halves ks = 0, 1 (bf16 g; unused for fp32 g).
+  auto gate = [&](int j, const uint32_t(&graw)[2], float(&G2)[4]) {
     const int ch = ch0 + 8 * j + g;
-    const float x0 = bias[8 * j] * rate2;
+    const float x0 = sm.bias[ch] * rate2;
     uint32_t bhi[4], blo[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int t = t4 + 4 * i;
-      const float x = kGF32
-          ? *reinterpret_cast<const float*>(reinterpret_cast<const char*>(sm.g32) + staged<float>(t, 4 * ch))
-          : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(reinterpret_cast<const char*>(sm.g16) +
-                                                                      staged<__nv_bfloat16>(t, 2 * ch)));
+    for (int i = 0; i < 4; ++i) {  // k-step i / 2: k-slots t4, t4 + 4 hold tokens 8 (i / 2) + 2 t4, +1
+      const int t = 8 * (i / 2) + 2 * t4 + i % 2;
+      float x;
+      if constexpr (kGF32) {
+        x = *reinterpret_cast<const float*>(reinterpret_cast<const char*>(sm.g32) + staged<float>(t, 4 * ch));
+      } else {
+        const float2 pr = unpack_bf16(graw[i / 2]);
+        x = i % 2 ? pr.y : pr.x;
+      }
       const float a = t < valid ? lb2 * rcp(1.f + ex2(fmaf(x, rate2, x0))) : 0.f;
       bhi[i] = __float_as_uint(a) & 0xffffe000u;
       blo[i] = tf32(a - __uint_as_float(bhi[i]));
@@ -316,24 +345,35 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   char* const rec_kr = rec + kRecKr + gmma_tile_offset(ch0 + g, 2 * t4, kChunk);
   float accL[2][4] = {}, accM[2][4] = {};
   uint32_t kdB[kGroups][2][2];  // W's B operand: [group][hi / lo][token half], after movmatrix
+  float gc_own[2] = {0.f, 0.f};  // the chunk decay of group g (lanes g < 4), for the record
 #pragma unroll
   for (int j = 0; j < kGroups; ++j) {
-    const int chp = ch0 + 8 * j + 2 * t4;  // this lane's channel pair
+    // Group j's two 8x8 matrices of each tile (addressed by lanes 0-15): one group at a time, as
+    // two groups' fragments (frag) held through the gate made ptxas spill at 72 registers.
+    uint32_t qa[2], ka[2], ga[2] = {};
+    cute::SM75_U32x2_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(sq + ld_off + 16 * j), qa[0], qa[1]);
+    cute::SM75_U32x2_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(sk + ld_off + 16 * j), ka[0], ka[1]);
+    if constexpr (!kGF32)
+      cute::SM75_U16x4_LDSM_T::copy(
+          *reinterpret_cast<const cute::uint128_t*>(reinterpret_cast<const char*>(sm.g16) + ld_off + 16 * j), ga[0],
+          ga[1]);
     float G2[4];
-    gate(j, G2);
+    gate(j, ga, G2);
     float kd[4], ki[4], qd[4];
 #pragma unroll
     for (int th = 0; th < 2; ++th) {
-      const float2 qf = pair_at(sq, j, th), kf = pair_at(sk, j, th);
+      const float2 qf = unpack_bf16(qa[th]), kf = unpack_bf16(ka[th]);
       const float e0 = ex2(G2[2 * th]), e1 = ex2(G2[2 * th + 1]);
       kd[2 * th] = kf.x * e0, kd[2 * th + 1] = kf.y * e1;
       qd[2 * th] = qf.x * e0, qd[2 * th + 1] = qf.y * e1;
       ki[2 * th] = kf.x * ex2(-G2[2 * th]), ki[2 * th + 1] = kf.y * ex2(-G2[2 * th + 1]);
     }
-    {  // Grams over this group's 8 channels (k-slots t4, t4 + 4 = channels 2 t4, 2 t4 + 1)
-      const uint32_t b[2][2] = {{tf32(ki[0]), tf32(ki[1])}, {tf32(ki[2]), tf32(ki[3])}};
-      const uint32_t ad[4] = {tf32(kd[0]), tf32(kd[2]), tf32(kd[1]), tf32(kd[3])};
-      const uint32_t aq[4] = {tf32(qd[0]), tf32(qd[2]), tf32(qd[1]), tf32(qd[3])};
+    {  // Grams over this group's 8 channels (k-slots t4, t4 + 4 = channels 2 t4, 2 t4 + 1), the
+       // operands as fp32 bits (tf32() above)
+      auto u = [](float x) { return __float_as_uint(x); };
+      const uint32_t b[2][2] = {{u(ki[0]), u(ki[1])}, {u(ki[2]), u(ki[3])}};
+      const uint32_t ad[4] = {u(kd[0]), u(kd[2]), u(kd[1]), u(kd[3])};
+      const uint32_t aq[4] = {u(qd[0]), u(qd[2]), u(qd[1]), u(qd[3])};
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         MmaTf32::fma(accL[nt][0], accL[nt][1], accL[nt][2], accL[nt][3], ad[0], ad[1], ad[2], ad[3], b[nt][0],
@@ -342,10 +382,10 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
                      b[nt][1], accM[nt][0], accM[nt][1], accM[nt][2], accM[nt][3]);
       }
     }
-    // The chunk decay of channels chp, chp + 1: G at token 15, held by lane (g = 7, t4).
+    // The chunk decay of channels ch0 + 8 j + 2 t4, +1: G at token 15, held by lane (g = 7, t4).
     const float gc0 = ex2(__shfl_sync(0xffffffffu, G2[2], 28 + t4));
     const float gc1 = ex2(__shfl_sync(0xffffffffu, G2[3], 28 + t4));
-    if (g == j) *reinterpret_cast<float2*>(rec + kRecGC + 4 * chp) = make_float2(gc0, gc1);
+    if (g == j) gc_own[0] = gc0, gc_own[1] = gc1;
 #pragma unroll
     for (int th = 0; th < 2; ++th) {
       // Qd rows g + 8 th: one 128-byte core matrix per warp store.
@@ -360,6 +400,8 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
       kdB[j][1][th] = transpose8x8(lo);
     }
   }
+  if (g < kGroups)  // channels ch0 + 8 g + 2 t4, +1
+    *reinterpret_cast<float2*>(rec + kRecGC + 4 * (ch0 + 8 * g + 2 * t4)) = make_float2(gc_own[0], gc_own[1]);
   // Partial Grams: L to warp 0 from the others, M to warp 1.
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
