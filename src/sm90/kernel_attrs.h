@@ -1,6 +1,7 @@
-// Kernel attributes set once per kernel and device. cudaFuncSetAttribute is a driver call, and
-// the forward runs once per layer and step: on small problems the host time per call is what
-// the caller waits for (docs/perf-notes.md, v6: ~50-70 us a call).
+// Kernel attributes set once per kernel and device, and the launch configuration the kernels
+// share. cudaFuncSetAttribute is a driver call, and the forward runs once per layer and step: on
+// small problems the host time per call is what the caller waits for (docs/perf-notes.md, v6:
+// ~50-70 us a call).
 #pragma once
 
 #include <atomic>
@@ -26,5 +27,27 @@ cudaError_t allow_dynamic_smem(int bytes) {
   if (e == cudaSuccess && bit != 0) done.fetch_or(bit, std::memory_order_release);
   return e;
 }
+
+/// A cudaLaunchKernelEx configuration, with the programmatic-dependent-launch attribute when
+/// `dependent`: the kernel may then start before the previous kernel on the stream completes
+/// (once all its blocks have called cudaTriggerProgrammaticLaunchCompletion or exited), and
+/// waits for that completion in cudaGridDependencySynchronize. Holds a pointer to its own
+/// attribute, so it is neither copied nor moved.
+struct LaunchConfig {
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute pdl{};
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool dependent) {
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &pdl;
+    config.numAttrs = dependent ? 1 : 0;
+  }
+  LaunchConfig(const LaunchConfig&) = delete;
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
+};
 
 }  // namespace flash_kda::sm90

@@ -74,7 +74,7 @@ DeviceInfo device_info(int device) {
 
 size_t workspace_bytes(const Plan& plan) {
   return round_up(plan.records_bytes) + round_up(plan.carry_bytes) + round_up(plan.seg_maps_bytes) +
-         round_up(plan.seg_states_bytes);
+         round_up(plan.seg_states_bytes) + round_up(plan.done_bytes);
 }
 
 }  // namespace
@@ -102,6 +102,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   float* carry = reinterpret_cast<float*>(records + round_up(plan.records_bytes));
   float* seg_maps = reinterpret_cast<float*>(reinterpret_cast<char*>(carry) + round_up(plan.carry_bytes));
   float* seg_states = reinterpret_cast<float*>(reinterpret_cast<char*>(seg_maps) + round_up(plan.seg_maps_bytes));
+  unsigned* done = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(seg_states) + round_up(plan.seg_states_bytes));
   const size_t carry_elems = size_t(p.value_heads) * kHeadDim * kHeadDim;
 
   SeqIndex seqs;
@@ -144,7 +145,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
     rp.max_segs = plan.max_segs;
     rp.seg_maps = seg_maps;
     rp.seg_states = seg_states;
-    check(launch_prepare(pp, stream), "prepare kernel launch");
+    check(launch_prepare(pp, false, stream), "prepare kernel launch");
     rp.seg_pass = kSegMaps;
     check(launch_recurrence(rp, {8, plan.total_slots, true, info.num_sms}, stream), "segment maps launch");
     ScanParams sp{};
@@ -161,15 +162,30 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
     check(launch_recurrence(rp, {8, plan.total_slots, false, info.num_sms}, stream), "segment finish launch");
     return;
   }
+  // Windows: stage 1 then the recurrence of each, records in two alternating buffers. Stage 1 of
+  // window w + 1 is the programmatic dependent of window w's recurrence, which lets it launch
+  // once it has waited for window w - 1 (RecurrenceParams::done_in): stage 1 then runs on the SMs
+  // the recurrence leaves idle and beside its blocks, filling the buffer window w - 1 read.
+  const bool windows = plan.num_windows > 1;
+  const size_t window_records = size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes;
+  if (windows) check(cudaMemsetAsync(done, 0, plan.done_bytes, stream), "cudaMemsetAsync (window counts)");
+  unsigned previous_warps = 0;
   for (int64_t w = 0; w < plan.num_windows; ++w) {
     const int64_t begin = w * plan.window_slots;
     const int64_t end = std::min(plan.total_slots, begin + plan.window_slots);
     pp.slot_begin = rp.slot_begin = begin;
     pp.slot_end = rp.slot_end = end;
+    pp.records = records + (w % 2) * window_records;
+    rp.records = pp.records;
     rp.carry_in = carry + (w % 2) * carry_elems;
     rp.carry_out = carry + ((w + 1) % 2) * carry_elems;
-    check(launch_prepare(pp, stream), "prepare kernel launch");
-    check(launch_recurrence(rp, {nw, plan.window_slots, true, info.num_sms}, stream), "recurrence kernel launch");
+    rp.done_in = w > 0 ? done + (w - 1) : nullptr;
+    rp.done_expected = previous_warps;
+    rp.done_out = windows && w + 1 < plan.num_windows ? done + w : nullptr;
+    const RecurrenceLaunch how{nw, plan.window_slots, true, info.num_sms, windows};
+    check(launch_prepare(pp, w > 0, stream), "prepare kernel launch");
+    check(launch_recurrence(rp, how, stream), "recurrence kernel launch");
+    previous_warps = recurrence_consumer_warps(rp, how);
   }
 }
 

@@ -132,6 +132,15 @@ struct RecurrenceParams {
   float* carry_in;              // fp32 [HV, V, K]: state of the sequence crossing slot_begin
   float* carry_out;             // fp32 [HV, V, K]: state of the sequence crossing slot_end
   int64_t slot_begin, slot_end;
+  // Pipelined windows (launch.cu): every consumer warp of this grid adds 1 to *done_out once its
+  // last read of the records and its last write (out, carry, final state) are done, and the grid
+  // lets the next kernel (the next window's stage 1) launch early; a grid with done_in waits,
+  // past the programmatic launch wait, for *done_in to reach done_expected (the previous
+  // window's grid) before reading the carry or letting that stage 1 start. Both nullptr
+  // otherwise (done_out is nullptr for the last window).
+  unsigned* done_in = nullptr;
+  unsigned done_expected = 0;
+  unsigned* done_out = nullptr;
 
   // Segment-parallel mode (seg_len > 0; one window only). Across a segment of chunks the state
   // map is affine, X -> X P + Q with X = S^T [V x K] (docs/kda-spec.md, last section of
@@ -162,8 +171,10 @@ struct ScanParams {
   bool state_is_f32;
 };
 
-/// Launches stage 1 over the window's slots; returns the launch's error status.
-cudaError_t launch_prepare(const PrepareParams& p, struct CUstream_st* stream);
+/// Launches stage 1 over the window's slots; returns the launch's error status. after_recurrence:
+/// launched as the programmatic dependent of the previous window's recurrence, so that it runs
+/// beside it (it reads only the inputs and writes the record buffer that recurrence is not reading).
+cudaError_t launch_prepare(const PrepareParams& p, bool after_recurrence, struct CUstream_st* stream);
 /// How stage 2 is launched.
 struct RecurrenceLaunch {
   int warps_per_block = 8;   // 4 or 8 (one or two warpgroups): 16 value columns per warp
@@ -171,9 +182,12 @@ struct RecurrenceLaunch {
   bool after_prepare = false;  // directly follows launch_prepare on the stream: launched as its
                                // programmatic dependent (starts in stage 1's last wave)
   int num_sms = 0;           // a grid of at most this many blocks gets one block per SM
+  bool exclusive = false;    // ... and that SM to itself (pipelined windows: no stage-1 block beside it)
 };
 /// Launches stage 2 over the window's sequences; returns the launch's error status.
 cudaError_t launch_recurrence(const RecurrenceParams& p, const RecurrenceLaunch& how, struct CUstream_st* stream);
+/// Consumer warps of that launch's grid: what its done_out count reaches.
+unsigned recurrence_consumer_warps(const RecurrenceParams& p, const RecurrenceLaunch& how);
 /// Launches the sequential scan over segment maps, one block per (sequence, head, 16 rows).
 cudaError_t launch_segment_scan(const ScanParams& p, struct CUstream_st* stream);
 

@@ -41,6 +41,7 @@
 
 #include "common/gate.h"
 #include "sm90/bf16.h"
+#include "sm90/kernel_attrs.h"
 #include "sm90/params.h"
 
 namespace flash_kda::sm90 {
@@ -552,15 +553,13 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
 
 }  // namespace
 
-cudaError_t launch_prepare(const PrepareParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.slot_end - p.slot_begin), static_cast<unsigned>(p.value_heads));
+cudaError_t launch_prepare(const PrepareParams& p, bool after_recurrence, cudaStream_t stream) {
   PrepareParams q = p;
   q.group = p.value_heads / p.heads;
-  if (p.g_is_f32)
-    prepare_kernel<true><<<grid, kThreads, 0, stream>>>(q);
-  else
-    prepare_kernel<false><<<grid, kThreads, 0, stream>>>(q);
-  return cudaGetLastError();
+  const LaunchConfig launch(dim3(static_cast<unsigned>(p.slot_end - p.slot_begin), static_cast<unsigned>(p.value_heads)),
+                            dim3(kThreads), 0, stream, after_recurrence);
+  return p.g_is_f32 ? cudaLaunchKernelEx(&launch.config, prepare_kernel<true>, q)
+                    : cudaLaunchKernelEx(&launch.config, prepare_kernel<false>, q);
 }
 
 }  // namespace flash_kda::sm90

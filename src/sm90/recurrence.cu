@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <cuda/atomic>
 #include <cuda/ptx>
 
 #include <cute/arch/copy_sm75.hpp>
@@ -204,12 +205,23 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   // R2UR: ~100 more instructions a step).
   const int tid = threadIdx.x, lane = tid % 32, warp = __shfl_sync(0xffffffffu, tid / 32, 0);
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates: row group, column pair
+  // Pipelined windows: this warp's reads of the records and carry and its writes of out, carry
+  // and final state are done (RecurrenceParams::done_out). Every exit of a consumer warp passes
+  // here once; the producer warp's loads complete before the consumers' last products.
+  auto arrive_done = [&] {
+    if (p.done_out == nullptr || warp >= NW) return;
+    __syncwarp();
+    if (lane == 0) {
+      __threadfence();
+      cuda::atomic_ref<unsigned, cuda::thread_scope_device>(*p.done_out).fetch_add(1u, cuda::memory_order_release);
+    }
+  };
   // The window's sequences are consecutive: block x takes the x-th one from the first (in
   // segment mode, segment x % max_segs of sequence x / max_segs).
   const int64_t seg_len = p.seg_len;
   const int64_t n = p.seqs.seq_of_slot(p.slot_begin) + (seg_len > 0 ? blockIdx.x / p.max_segs : blockIdx.x);
   const int64_t seg = seg_len > 0 ? blockIdx.x % p.max_segs : 0;
-  if (n >= p.seqs.num_seqs) return;
+  if (n >= p.seqs.num_seqs) return arrive_done();
   const int hv = blockIdx.y;
   constexpr int kColBlocks = kHeadDim / (NW * 16);
   const bool maps = seg_len > 0 && p.seg_pass == kSegMaps;
@@ -221,7 +233,7 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.length(n);
   const int64_t num_chunks = (seq_len + kChunk - 1) / kChunk;
   const int64_t owned_end = first + (num_chunks > 0 ? num_chunks : 1);  // an empty sequence owns one slot
-  if (owned_end <= p.slot_begin || first >= p.slot_end) return;
+  if (owned_end <= p.slot_begin || first >= p.slot_end) return arrive_done();
   int64_t c_begin = p.slot_begin > first ? p.slot_begin - first : 0;
   int64_t c_end = min(num_chunks, p.slot_end - first);
   const int64_t HV = p.value_heads;
@@ -234,9 +246,12 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
 
   // s[nt][*]: S^T rows v0+g and v0+g+8, columns k = nt*8 + 2*t4 + {0,1} (m16n8 accumulator layout).
   float s[kHeadDim / 8][4];
-  if (warp < NW) {  // not the producer
+  const bool from_carry = seg_len == 0 && c_begin > 0;
+  // The previous window of a pipelined call may still be writing the carry: read it past the
+  // wait for that window below; every other start state is read here, beside stage 1's tail.
+  const bool late_carry = from_carry && p.done_in != nullptr;
+  auto load_state = [&] {
     const int64_t base = state_offset(n, hv, HV);
-    const bool from_carry = seg_len == 0 && c_begin > 0;
     const bool from_segment = seg_len > 0 && !maps;  // the scan wrote every segment's start state
     const float* seg_state = from_segment
         ? p.seg_states + seg_state_offset(n, seg, hv, p.max_segs, HV) : nullptr;
@@ -262,7 +277,8 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
         s[nt][2 * half + 1] = x.y;
       }
     }
-  }
+  };
+  if (warp < NW && !late_carry) load_state();  // not the producer
 
   // full[b]: buffer b's copies landed (thread 0's arrival with the record's bytes, and one per
   // thread for its piece of v); empty[b]: every warp is done reading it (one arrival per warp).
@@ -281,6 +297,20 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   // Launched as stage 1's programmatic dependent (launch.cu): the records are complete and
   // visible only past this wait. A no-op for an ordinary launch.
   cudaGridDependencySynchronize();
+  // Pipelined windows: stage 1 of this window does not wait for the previous window's
+  // recurrence, so its completion says nothing of it; wait for that grid's warps here (they are
+  // all resident or done: this grid launched after its stage 1 launched, which launched after
+  // every block of that grid had passed this point). Then the next window's stage 1 may start:
+  // the record buffer it fills was last read by that grid.
+  if (p.done_in != nullptr) {
+    if (tid == 0) {
+      cuda::atomic_ref<unsigned, cuda::thread_scope_device> done(*p.done_in);
+      while (done.load(cuda::memory_order_acquire) < p.done_expected) __nanosleep(64);
+    }
+    __syncthreads();
+  }
+  if (p.done_out != nullptr) cudaTriggerProgrammaticLaunchCompletion();  // another window follows
+  if (warp < NW && late_carry) load_state();
 
   // The next chunk to load: its record, its first row of v (this block's columns) and the
   // tokens left from it, all advanced by one chunk per load. Incremental pointers: the index
@@ -544,7 +574,7 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   // (in segment mode only the last segment's end state is kept: the scan made the others).
   const bool done = c_end == num_chunks;
   if (seg_len > 0 && !done) return;
-  if (done && p.final_state == nullptr) return;
+  if (done && p.final_state == nullptr) return arrive_done();
   const int64_t base = state_offset(n, hv, HV);
 #pragma unroll
   for (int nt = 0; nt < kHeadDim / 8; ++nt) {
@@ -562,6 +592,7 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
       }
     }
   }
+  arrive_done();
 }
 
 // Dynamic shared memory that keeps a second block off the SM (sm_90: 228 KB per SM, 1 KB of it
@@ -569,35 +600,45 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
 // its blocks are placed while stage 1's last wave still runs, and two of them on one SM (each
 // fits twice) would run their chains at half pace while other SMs idle.
 constexpr int kOnePerSmBytes = 116 * 1024;
+// With pipelined windows the next window's stage 1 runs beside this grid (launch.cu). A
+// stage-1 block (~29 KB with its reserve) on the SM of a single-warpgroup block, whose every
+// warp is on the chain, slowed the chain more than the overlap gained (session 10: h32_fixed_8192
+// 298-301 us with the SMs kept to the recurrence, 306-313 us shared); so such a grid takes
+// shared memory that leaves no room for one. (Two warpgroups take the register file anyway.)
+constexpr int kExclusiveBytes = 200 * 1024;
+
+// The grid: blockIdx.x the window's sequences (x segments), y the value heads, z the column
+// blocks (x P and Q for the segment maps).
+template <int NW>
+dim3 grid_of(const RecurrenceParams& p, const RecurrenceLaunch& how) {
+  const int64_t seqs = how.max_seqs < p.seqs.num_seqs ? how.max_seqs : p.seqs.num_seqs;
+  const bool maps = p.seg_len > 0 && p.seg_pass == kSegMaps;
+  return dim3(static_cast<unsigned>(seqs * (p.seg_len > 0 ? p.max_segs : 1)), static_cast<unsigned>(p.value_heads),
+              static_cast<unsigned>(kHeadDim / (NW * 16) * (maps ? 2 : 1)));
+}
 
 template <int NW>
 cudaError_t launch(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaStream_t stream) {
   constexpr int kBytes = Layout<NW>::kBytes;
-  constexpr int kMaxBytes = kBytes > kOnePerSmBytes ? kBytes : kOnePerSmBytes;
-  const cudaError_t e = allow_dynamic_smem<recurrence_kernel<NW>>(kMaxBytes);  // a failure is reported, not launched over
+  static_assert(kBytes <= kOnePerSmBytes && kOnePerSmBytes < kExclusiveBytes, "the sizes below are in order");
+  const cudaError_t e = allow_dynamic_smem<recurrence_kernel<NW>>(kExclusiveBytes);  // a failure is reported, not launched over
   if (e != cudaSuccess) return e;
-  const int64_t seqs = how.max_seqs < p.seqs.num_seqs ? how.max_seqs : p.seqs.num_seqs;
-  const bool maps = p.seg_len > 0 && p.seg_pass == kSegMaps;
-  const dim3 grid(static_cast<unsigned>(seqs * (p.seg_len > 0 ? p.max_segs : 1)), static_cast<unsigned>(p.value_heads),
-                  static_cast<unsigned>(kHeadDim / (NW * 16) * (maps ? 2 : 1)));
+  const dim3 grid = grid_of<NW>(p, how);
   const bool one_wave = int64_t(grid.x) * grid.y * grid.z <= how.num_sms;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kBlockThreads<NW>);
-  config.dynamicSmemBytes = one_wave ? kMaxBytes : kBytes;
-  config.stream = stream;
-  cudaLaunchAttribute pdl{};
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &pdl;
-  config.numAttrs = how.after_prepare ? 1 : 0;
-  return cudaLaunchKernelEx(&config, recurrence_kernel<NW>, p);
+  const int bytes = !one_wave ? kBytes : how.exclusive ? kExclusiveBytes : kOnePerSmBytes;
+  const LaunchConfig launch(grid, dim3(kBlockThreads<NW>), bytes, stream, how.after_prepare);
+  return cudaLaunchKernelEx(&launch.config, recurrence_kernel<NW>, p);
 }
 
 }  // namespace
 
 cudaError_t launch_recurrence(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaStream_t stream) {
   return how.warps_per_block == 4 ? launch<4>(p, how, stream) : launch<8>(p, how, stream);
+}
+
+unsigned recurrence_consumer_warps(const RecurrenceParams& p, const RecurrenceLaunch& how) {
+  const dim3 grid = how.warps_per_block == 4 ? grid_of<4>(p, how) : grid_of<8>(p, how);
+  return grid.x * grid.y * grid.z * static_cast<unsigned>(how.warps_per_block);
 }
 
 }  // namespace flash_kda::sm90

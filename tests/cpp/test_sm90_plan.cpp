@@ -117,7 +117,36 @@ TEST_F(Sm90Plan, WindowsCoverEverySlot) {
     EXPECT_EQ(plan.window_slots, forced);
     EXPECT_GE(plan.window_slots * plan.num_windows, plan.total_slots);
     EXPECT_LT(plan.window_slots * (plan.num_windows - 1), plan.total_slots);
-    EXPECT_EQ(plan.records_bytes, size_t(forced) * 3 * flash_kda::sm90::kRecordBytes);
+    // Several windows: two record buffers, stage 1 of one window filling one while the
+    // recurrence of the window before reads the other.
+    const size_t buffers = plan.num_windows > 1 ? 2 : 1;
+    EXPECT_EQ(plan.records_bytes, buffers * size_t(forced) * 3 * flash_kda::sm90::kRecordBytes);
+    EXPECT_EQ(plan.done_bytes, plan.num_windows > 1 ? size_t(plan.num_windows) * 4 : 0u);
+  }
+}
+
+TEST_F(Sm90Plan, LongChainsThatLeaveSMsIdleArePipelined) {
+  // 256+ chunks a chain and a recurrence grid that leaves 32+ of 132 SMs idle (96 blocks of two
+  // warpgroups, 64 of one): four windows, so that stage 1 of each runs beside the recurrence of
+  // the one before.
+  for (const ProblemShape& p : {shape(1, 8192, 96), shape(1, 8192, 32), shape(1, 4096, 100)}) {
+    const Plan plan = make_plan(p);
+    const int64_t slots = 1 + p.seqlen / 16;
+    EXPECT_EQ(plan.num_windows, 4) << p.value_heads;
+    EXPECT_EQ(plan.window_slots, (slots + 3) / 4);
+    EXPECT_EQ(plan.records_bytes, 2 * size_t(plan.window_slots) * size_t(p.value_heads) * flash_kda::sm90::kRecordBytes);
+    EXPECT_GT(plan.carry_bytes, 0u);
+    EXPECT_EQ(plan.done_bytes, 4 * sizeof(uint32_t));
+    EXPECT_EQ(plan.seg_len, 0);
+  }
+  // Short chains, chains that take segments, more chains than SMs, and grids that leave too few
+  // SMs idle (64 pairs: 128 single-warpgroup blocks; 101 pairs: 101 blocks) keep one window.
+  for (const ProblemShape& p : {shape(1, 512, 96), shape(1, 1024, 4), shape(16, 2048, 32), shape(1, 8192, 96, 6),
+                                shape(1, 8192, 96, 8), shape(1, 65536, 4), shape(1, 8192, 16), shape(1, 8192, 64),
+                                shape(1, 8192, 101), shape(1, 4000, 96)}) {
+    const Plan plan = make_plan(p);
+    EXPECT_EQ(plan.num_windows, 1) << p.num_seqs << " x " << p.seqlen << " x " << p.value_heads;
+    EXPECT_EQ(plan.carry_bytes + plan.done_bytes, 0u);
   }
 }
 
