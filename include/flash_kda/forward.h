@@ -99,8 +99,9 @@ size_t forward_workspace_size(const ForwardArgs& args);
 
 /// KDA forward on an sm_90 GPU, asynchronously on `stream`.
 ///
-/// Validates first (throws flash_kda::Error and writes nothing on bad input), then launches
-/// kernels only: no host synchronisation, no allocation (all scratch lives in `workspace`,
+/// Validates first (throws flash_kda::Error and writes nothing on bad input), then enqueues
+/// kernels only (and, for long inputs processed in windows, one memset of the workspace's window
+/// counts): no host synchronisation, no allocation (all scratch lives in `workspace`,
 /// at least forward_workspace_size(args) bytes, 256-byte aligned, on the tensors' device),
 /// so the call can be captured in a CUDA graph. Results are bitwise deterministic.
 /// Supported subset today: K = V = 128; bf16 q, k, v, out; bf16 or fp32 g and beta; A_log and
