@@ -165,7 +165,8 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   // Windows: stage 1 then the recurrence of each, records in two alternating buffers. Stage 1 of
   // window w + 1 is the programmatic dependent of window w's recurrence, which lets it launch
   // once it has waited for window w - 1 (RecurrenceParams::done_in): stage 1 then runs on the SMs
-  // the recurrence leaves idle and beside its blocks, filling the buffer window w - 1 read.
+  // the recurrence leaves idle (its one-wave blocks keep their SMs: `exclusive`), filling the
+  // buffer window w - 1 read.
   const bool windows = plan.num_windows > 1;
   const size_t window_records = size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes;
   if (windows) check(cudaMemsetAsync(done, 0, plan.done_bytes, stream), "cudaMemsetAsync (window counts)");
