@@ -7,7 +7,8 @@
 # (default build-test), CMAKE_BUILD_PARALLEL_LEVEL (build jobs), PYTHON (default python3).
 # Prerequisites beyond `pip install .`: pytest, and CUTLASS headers for the kernel build
 # (`pip install --no-deps nvidia-cutlass`, or CUTLASS_INCLUDE_DIR, or FLASH_KDA_CUDA=OFF).
-# Ends with one line: "tests run: C++ N (S skipped), Python M (S skipped), failed: F".
+# Ends with one line: "tests: C++ N ran, S skipped; Python M ran, S skipped; failed: F" (ran =
+# passed + failed).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -59,8 +60,8 @@ def counts(path):
     return total, skipped, failed
 
 cpp, py = counts(sys.argv[1]), counts(sys.argv[2])
-fmt = lambda c: "did not run" if c is None else f"{c[0] - c[1]} ({c[1]} skipped)"
+fmt = lambda c: "did not run" if c is None else f"{c[0] - c[1]} ran, {c[1]} skipped"
 failed = sum(1 if c is None else c[2] for c in (cpp, py))
-print(f"tests run: C++ {fmt(cpp)}, Python {fmt(py)}, failed: {failed}")
+print(f"tests: C++ {fmt(cpp)}; Python {fmt(py)}; failed: {failed}")
 PY
 exit $status
