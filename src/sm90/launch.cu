@@ -22,17 +22,14 @@ void check(cudaError_t e, const char* what) {
     throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
 }
 
-// Value columns per block (x16 per warp, whole warpgroups of 64). A chunk step costs about the
-// same for one or two warpgroups, so the block count is what matters: 8 warps (one block per
-// sequence and head, sharing one record load) unless that leaves most SMs idle, then 4 so that
-// (sequences x heads x 2) blocks still fit the SMs in one wave.
-// FLASH_KDA_SM90_WARPS=4|8 overrides it (tuning sweeps and tests).
+// Warps per recurrence block: plan.h's recurrence_warps, or FLASH_KDA_SM90_WARPS=4|8 (tuning
+// sweeps and tests).
 int pick_warps_per_block(int64_t seq_heads, int num_sms) {
   if (const char* env = std::getenv("FLASH_KDA_SM90_WARPS")) {
     const int w = std::atoi(env);
     if (w == 4 || w == 8) return w;
   }
-  return seq_heads * 2 <= num_sms ? 4 : 8;
+  return recurrence_warps(seq_heads, num_sms);
 }
 
 // Makes `device` current for the launches and restores the caller's device afterwards.
@@ -165,7 +162,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
   // Windows: stage 1 then the recurrence of each, records in two alternating buffers. Stage 1 of
   // window w + 1 is the programmatic dependent of window w's recurrence, which lets it launch
   // once it has waited for window w - 1 (RecurrenceParams::done_in): stage 1 then runs on the SMs
-  // the recurrence leaves idle (its one-wave blocks keep their SMs: `exclusive`), filling the
+  // the recurrence leaves idle (its one-wave blocks keep their SMs: recurrence.cu), filling the
   // buffer window w - 1 read.
   const bool windows = plan.num_windows > 1;
   const size_t window_records = size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes;
@@ -183,7 +180,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
     rp.done_in = w > 0 ? done + (w - 1) : nullptr;
     rp.done_expected = previous_warps;
     rp.done_out = windows && w + 1 < plan.num_windows ? done + w : nullptr;
-    const RecurrenceLaunch how{nw, plan.window_slots, true, info.num_sms, windows};
+    const RecurrenceLaunch how{nw, plan.window_slots, true, info.num_sms};
     check(launch_prepare(pp, w > 0, stream), "prepare kernel launch");
     check(launch_recurrence(rp, how, stream), "recurrence kernel launch");
     previous_warps = recurrence_consumer_warps(rp, how);

@@ -182,7 +182,6 @@ struct RecurrenceLaunch {
   bool after_prepare = false;  // directly follows launch_prepare on the stream: launched as its
                                // programmatic dependent (starts in stage 1's last wave)
   int num_sms = 0;           // a grid of at most this many blocks gets one block per SM
-  bool exclusive = false;    // ... and that SM to itself (pipelined windows: no stage-1 block beside it)
 };
 /// Launches stage 2 over the window's sequences; returns the launch's error status.
 cudaError_t launch_recurrence(const RecurrenceParams& p, const RecurrenceLaunch& how, struct CUstream_st* stream);

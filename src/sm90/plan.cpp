@@ -26,7 +26,7 @@ constexpr int64_t kMinWindowSlots = 16;
 // instead of waiting for it. Worth it when each chain is long (per-window costs: a carried
 // state, a pipeline fill) and the recurrence, in one wave, leaves at least kPipelineIdleSMs SMs
 // idle: launch.cu gives a (sequence, head) pair two single-warpgroup blocks when twice the pairs
-// fit the SMs, else one block of two warpgroups. Measured on the H200 (session 10, eager us, one
+// fit the SMs, else one block of two warpgroups (recurrence_warps). Measured on the H200 (session 10, eager us, one
 // window -> four): h32_fixed_8192 (64 blocks) 360-384 -> 298-306, h96_fixed_8192 (96) 729-746 ->
 // 705-710, h64_fixed_8192 (128 blocks, 4 SMs idle) 486 -> 517-519: not taken.
 constexpr int64_t kPipelineMinChunks = 256;
@@ -87,7 +87,7 @@ Plan make_plan(const ProblemShape& p) {
     if (plan.num_windows > 1)  // two buffers within the budget
       set_windows(std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget / 2) / per_slot));
     else if (max_chunks >= kPipelineMinChunks &&
-             (2 * pairs <= kWaveSMs ? 2 * pairs : pairs) <= kWaveSMs - kPipelineIdleSMs)
+             pairs * (kHeadDim / (16 * recurrence_warps(pairs, kWaveSMs))) <= kWaveSMs - kPipelineIdleSMs)
       set_windows((plan.total_slots + kPipelineWindows - 1) / kPipelineWindows);
   }
   const bool windows = plan.num_windows > 1;
@@ -104,5 +104,7 @@ Plan make_plan(const ProblemShape& p) {
   }
   return plan;
 }
+
+int recurrence_warps(int64_t seq_heads, int64_t num_sms) { return seq_heads * 2 <= num_sms ? 4 : 8; }
 
 }  // namespace flash_kda::sm90

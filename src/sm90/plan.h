@@ -32,4 +32,12 @@ struct Plan {
 /// Window bytes of one record buffer: window_slots x HV x kRecordBytes.
 Plan make_plan(const ProblemShape& p);
 
+/// Warps per recurrence block for `seq_heads` (sequence, value head) pairs on `num_sms` SMs:
+/// 16 value columns a warp, whole warpgroups. A chunk step costs about the same for one or two
+/// warpgroups, so the block count is what matters: 8 warps (one block per pair, sharing one
+/// record load) unless that leaves most SMs idle, then 4, so that the 2 x seq_heads blocks
+/// still fit the SMs in one wave. launch.cu launches with it (FLASH_KDA_SM90_WARPS=4|8
+/// overrides it there); make_plan counts the blocks with it.
+int recurrence_warps(int64_t seq_heads, int64_t num_sms);
+
 }  // namespace flash_kda::sm90

@@ -625,7 +625,9 @@ cudaError_t launch(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaS
   if (e != cudaSuccess) return e;
   const dim3 grid = grid_of<NW>(p, how);
   const bool one_wave = int64_t(grid.x) * grid.y * grid.z <= how.num_sms;
-  const int bytes = !one_wave ? kBytes : how.exclusive ? kExclusiveBytes : kOnePerSmBytes;
+  // A window of a pipelined call (each has a count to wait for or to add to): keep the SMs.
+  const bool pipelined = p.done_in != nullptr || p.done_out != nullptr;
+  const int bytes = !one_wave ? kBytes : pipelined ? kExclusiveBytes : kOnePerSmBytes;
   const LaunchConfig launch(grid, dim3(kBlockThreads<NW>), bytes, stream, how.after_prepare);
   return cudaLaunchKernelEx(&launch.config, recurrence_kernel<NW>, p);
 }
