@@ -26,11 +26,13 @@ constexpr int64_t kMinWindowSlots = 16;
 // instead of waiting for it. Worth it when each chain is long (per-window costs: a carried
 // state, a pipeline fill) and the recurrence, in one wave, leaves at least kPipelineIdleSMs SMs
 // idle: launch.cu gives a (sequence, head) pair two single-warpgroup blocks when twice the pairs
-// fit the SMs, else one block of two warpgroups (recurrence_warps). Measured on the H200 (session 10, eager us, one
-// window -> four): h32_fixed_8192 (64 blocks) 360-384 -> 298-306, h96_fixed_8192 (96) 729-746 ->
-// 705-710, h64_fixed_8192 (128 blocks, 4 SMs idle) 486 -> 517-519: not taken.
+// fit the SMs, else one block of two warpgroups (recurrence_warps). Measured on the H200 (eager
+// us): one window -> four (session 10): h32_fixed_8192 (64 blocks) 360-384 -> 298-306,
+// h96_fixed_8192 (96) 729-746 -> 705-710, h64_fixed_8192 (128 blocks, 4 SMs idle) 486 -> 517-519:
+// not taken; four -> three (session 11, two A/B pairs in one call): h96_fixed_8192 692-700 ->
+// 682-683, h32_fixed_8192 303-305 -> 298-311 (level).
 constexpr int64_t kPipelineMinChunks = 256;
-constexpr int64_t kPipelineWindows = 4;
+constexpr int64_t kPipelineWindows = 3;
 constexpr int64_t kPipelineIdleSMs = 32;
 
 // Segment-parallel mode (RecurrenceParams): few (sequence, head) pairs with long sequences

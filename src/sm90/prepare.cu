@@ -70,7 +70,6 @@ struct Smem {
     } in;
     struct {
       float L[kChunk][kLS];   // strictly lower, normalised, times beta; its lower-right 8x8 block becomes that block's inverse
-      float M[kChunk][kLS];   // lower incl. diagonal, normalised and scaled
       float Ak[kChunk][kSq];  // (I+L)^-1 diag(beta / ||k||): W = Ak k e^G
       float Av[kChunk][kSq];  // (I+L)^-1 diag(beta):         U = Av v - W S
     } m;
@@ -88,7 +87,6 @@ struct Smem {
   float bias[kHeadDim];  // dt_bias of the head, staged with the rows
   float beta[kChunk];
   float rk[kChunk];  // 1 / ||k_t|| (eps inside the square root)
-  float rq[kChunk];  // scale / ||q_t||
 };
 static_assert(sizeof(Smem::m) <= sizeof(Smem::in), "the 16x16 matrices fit over q and k");
 static_assert(sizeof(Smem) <= 31 * 1024, "7 blocks of 128 threads fit an SM (228 KB, 1 KB reserved a block)");
@@ -289,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   }
   if (warp == 0 && t4 == 0) {  // for the normalisation and the inverse, past the next barrier
 #pragma unroll
-    for (int th = 0; th < 2; ++th) sm.rq[g + 8 * th] = rq[th], sm.rk[g + 8 * th] = rk[th];
+    for (int th = 0; th < 2; ++th) sm.rk[g + 8 * th] = rk[th];
   }
 
   // The cumulative gate of group j in log2 units, in the C layout (tokens g + 8 th, channels
@@ -412,14 +410,14 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   __syncthreads();  // the partial Grams are in; q and k are dead (the 16x16 matrices go there)
 
   // Phase 3. Warps 0-1 add the partials and normalise in registers: L = strictly_lower(diag(b)
-  // kn kn^T) (warp 0) and M = lower_incl(scale qn kn^T) (warp 1), kn = k / ||k||, qn = q / ||q||.
+  // kn kn^T) (warp 0, into shared memory, then straight into the inverse below) and M =
+  // lower_incl(scale qn kn^T) (warp 1, to the record as bf16), kn = k / ||k||, qn = q / ||q||.
   // Meanwhile warps 2-3 zero the upper-right 8x8 blocks of Ak and Av, which the blocked inverse
   // does not write.
   // The matrix is chosen by a compile-time index: a reference picked at run time would put
   // both accumulator arrays in local memory.
   auto finish = [&](auto which_tag, float(&acc)[2][4]) {
     constexpr int which = decltype(which_tag)::value;  // 0: L, 1: M
-    float(*X)[kLS] = which == 0 ? sm.m.L : sm.m.M;
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) {
       if (w == which) continue;
@@ -439,7 +437,10 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
         // L keeps j < i, M j <= i: j < i + which.
         const float v0 = j < i + which ? acc[nt][2 * th] * si * sm.rk[j] : 0.f;
         const float v1 = j + 1 < i + which ? acc[nt][2 * th + 1] * si * sm.rk[j + 1] : 0.f;
-        *reinterpret_cast<float2*>(&X[i][j]) = make_float2(v0, v1);
+        if constexpr (which == 0)
+          *reinterpret_cast<float2*>(&sm.m.L[i][j]) = make_float2(v0, v1);
+        else  // M goes to the record from here, as bf16
+          store32(rec + kRecM + gmma_tile_offset(i, j, kChunk), pack_bf16(v0, v1));
       }
     }
   };
@@ -454,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
       *reinterpret_cast<float4*>(&X[e / 2 % 8][kChunk / 2 + 4 * (e % 2)]) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
-  __syncthreads();
+  // No block barrier here: warp 0 alone reads L, and the zeroed blocks are phase 4's.
 
   // (I + L)^-1 on warp 0, with I + L = [[I + A, 0], [C, I + D]] in 8x8 blocks:
   //   (I + L)^-1 = [[A', 0], [-D' C A', D']],  A' = (I + A)^-1, D' = (I + D)^-1.
@@ -462,6 +463,7 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   // repeat 0-15, SIMT makes that free); then Y = C A' and Z = D' Y with two entries per lane.
   // Dependent chain: 7 + 8 + 8 FMAs.
   if (warp == 0) {
+    __syncwarp();  // this warp's L is in
     const int jj = lane % 8, o = 8 * ((lane / 8) % 2);
     float x[kChunk / 2];
 #pragma unroll
@@ -517,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   __syncthreads();
 
   // Phase 4: W = Ak kd per group (rows = tokens, bf16 hi + lo on both sides; Ak lo x kd lo,
-  // ~2^-16 relative, is left out), then Av (hi and lo) and M: 256 entries each, two per thread.
+  // ~2^-16 relative, is left out), then Av (hi and lo): 256 entries each, two per thread.
   {
     uint32_t ahi[4], alo[4];
 #pragma unroll
@@ -547,7 +549,6 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
     const int at = gmma_tile_offset(i, j, kChunk);
     store32(rec + kRecAv + at, hi);
     store32(rec + kRecAvLo + at, lo);
-    store32(rec + kRecM + at, pack_bf16(sm.m.M[i][j], sm.m.M[i][j + 1]));
   }
 }
 

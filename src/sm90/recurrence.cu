@@ -211,10 +211,8 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   auto arrive_done = [&] {
     if (p.done_out == nullptr || warp >= NW) return;
     __syncwarp();
-    if (lane == 0) {
-      __threadfence();
+    if (lane == 0)  // release: orders the warp's writes (made the lane's by __syncwarp) before it
       cuda::atomic_ref<unsigned, cuda::thread_scope_device>(*p.done_out).fetch_add(1u, cuda::memory_order_release);
-    }
   };
   // The window's sequences are consecutive: block x takes the x-th one from the first (in
   // segment mode, segment x % max_segs of sequence x / max_segs).
@@ -229,8 +227,8 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   const bool use_u0 = !(maps && part == 0);
   const int v_block = (blockIdx.z % kColBlocks) * NW * 16, v0 = v_block + warp * 16;
 
-  const int64_t first = p.seqs.first_slot(n);
-  const int64_t seq_begin = p.seqs.start(n), seq_len = p.seqs.length(n);
+  const SeqIndex::Span span = p.seqs.span(n);
+  const int64_t first = span.first_slot, seq_begin = span.begin, seq_len = span.length;
   const int64_t num_chunks = (seq_len + kChunk - 1) / kChunk;
   const int64_t owned_end = first + (num_chunks > 0 ? num_chunks : 1);  // an empty sequence owns one slot
   if (owned_end <= p.slot_begin || first >= p.slot_end) return arrive_done();
