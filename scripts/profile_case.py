@@ -1,6 +1,6 @@
 """Runs flash_kda.fwd on one benchmark-shaped case a few times, for a profiler to attach to
 (scripts/profile.sh). Inputs as in the benchmark: bf16 randn, A_log and dt_bias ~ U(0, 1),
-lower_bound -5, fp32 states, K = V = 128."""
+lower_bound -5, fp32 states (or none: --no-state), K = V = 128."""
 import argparse
 
 import torch
@@ -14,6 +14,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4, help="heads H = HV")
     p.add_argument("--batch", type=int, default=1, help="sequences (fixed length)")
     p.add_argument("--calls", type=int, default=3, help="forward calls")
+    p.add_argument("--no-state", action="store_true", help="no initial or final state (zero start, none kept)")
     a = p.parse_args()
     B, T, H, D = a.batch, a.T, a.heads, 128
     dev = torch.device("cuda")
@@ -21,8 +22,8 @@ def main() -> None:
     beta = torch.randn(B, T, H, dtype=torch.bfloat16, device=dev)
     A_log = torch.rand(H, device=dev)
     dt_bias = torch.rand(H, D, device=dev)
-    h0 = torch.randn(B, H, D, D, device=dev)
-    ht = torch.empty_like(h0)
+    h0 = None if a.no_state else torch.randn(B, H, D, D, device=dev)
+    ht = None if a.no_state else torch.empty_like(h0)
     out = torch.empty_like(v)
     for _ in range(a.calls):
         flash_kda.fwd(q, k, v, g, beta, None, out, A_log, dt_bias, -5.0, initial_state=h0, final_state=ht)
