@@ -24,11 +24,12 @@
 //      kr = ki e^{G_C} / ||k|| straight into the record (kr transposed by movmatrix); kd kept as
 //      bf16 hi + lo, transposed by movmatrix into W's B operand;
 //   3. the four warps' partial Grams are summed and normalised (L = strictly_lower(diag(b)
-//      kn kn^T), M = lower_incl(scale qn kn^T)); (I + L)^-1 as a 2 x 2 blocked inverse of 8 x 8
-//      blocks on warp 0;
+//      kn kn^T) on warp 0, M = lower_incl(scale qn kn^T) on warp 1, which stores it to the
+//      record); (I + L)^-1 as a 2 x 2 blocked inverse of 8 x 8 blocks on warp 0, right after
+//      its L;
 //   4. W = Ak kd on bf16 hi + lo operands (three mmas a group: ~fp32 accuracy), into the
-//      record; Av (hi and lo), M and gC into the record. v is not read here: the recurrence
-//      applies Av to it.
+//      record; Av (hi and lo) into the record (gC went there in phase 2). v is not read here:
+//      the recurrence applies Av to it.
 // Every warp store of W, Qd and kr writes one whole 128-byte core matrix of the record's tile
 // (params.h, gmma_tile_offset), so the record goes out without being assembled first.
 #include <cuda_bf16.h>
