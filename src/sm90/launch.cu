@@ -179,7 +179,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
     rp.carry_out = carry + ((w + 1) % 2) * carry_elems;
     rp.done_in = w > 0 ? done + (w - 1) : nullptr;
     rp.done_expected = previous_warps;
-    rp.done_out = windows && w + 1 < plan.num_windows ? done + w : nullptr;
+    rp.done_out = w + 1 < plan.num_windows ? done + w : nullptr;
     const RecurrenceLaunch how{nw, plan.window_slots, true, info.num_sms};
     check(launch_prepare(pp, w > 0, stream), "prepare kernel launch");
     check(launch_recurrence(rp, how, stream), "recurrence kernel launch");

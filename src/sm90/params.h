@@ -28,6 +28,10 @@ namespace flash_kda::sm90 {
 inline constexpr int kChunk = 16;     // tokens per chunk (FlashKDA's C)
 inline constexpr int kHeadDim = 128;  // K = V = 128 in this kernel family
 
+/// Blocks per (sequence, value head) of a recurrence of `warps` warps a block: each warp owns 16
+/// value columns of the state (recurrence.cu), so a block owns warps x 16 of the V = 128.
+constexpr int recurrence_column_blocks(int warps) { return kHeadDim / (16 * warps); }
+
 // Chunk record: byte offsets inside one (slot, value head) record. The bf16 tiles are stored
 // as the recurrence's wgmma reads them from shared memory (gmma_tile_offset), so a record is
 // copied there byte for byte.

@@ -89,7 +89,7 @@ Plan make_plan(const ProblemShape& p) {
     if (plan.num_windows > 1)  // two buffers within the budget
       set_windows(std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget / 2) / per_slot));
     else if (max_chunks >= kPipelineMinChunks &&
-             pairs * (kHeadDim / (16 * recurrence_warps(pairs, kWaveSMs))) <= kWaveSMs - kPipelineIdleSMs)
+             pairs * recurrence_column_blocks(recurrence_warps(pairs, kWaveSMs)) <= kWaveSMs - kPipelineIdleSMs)
       set_windows((plan.total_slots + kPipelineWindows - 1) / kPipelineWindows);
   }
   const bool windows = plan.num_windows > 1;

@@ -29,7 +29,6 @@ struct Plan {
 /// The plan for a validated problem. Knobs (tests and tuning): FLASH_KDA_SM90_WINDOW_SLOTS=n
 /// forces windows of n slots; FLASH_KDA_SM90_SEGMENTS=S forces S segments per sequence (capped
 /// at the chunk count; 1 turns segments off).
-/// Window bytes of one record buffer: window_slots x HV x kRecordBytes.
 Plan make_plan(const ProblemShape& p);
 
 /// Warps per recurrence block for `seq_heads` (sequence, value head) pairs on `num_sms` SMs:

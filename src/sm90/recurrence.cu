@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   const int64_t seg = seg_len > 0 ? blockIdx.x % p.max_segs : 0;
   if (n >= p.seqs.num_seqs) return arrive_done();
   const int hv = blockIdx.y;
-  constexpr int kColBlocks = kHeadDim / (NW * 16);
+  constexpr int kColBlocks = recurrence_column_blocks(NW);
   const bool maps = seg_len > 0 && p.seg_pass == kSegMaps;
   const int part = blockIdx.z / kColBlocks;  // maps: 0 = P (from X = I, U0 = 0), 1 = Q (from X = 0)
   const bool use_u0 = !(maps && part == 0);
@@ -612,7 +612,7 @@ dim3 grid_of(const RecurrenceParams& p, const RecurrenceLaunch& how) {
   const int64_t seqs = how.max_seqs < p.seqs.num_seqs ? how.max_seqs : p.seqs.num_seqs;
   const bool maps = p.seg_len > 0 && p.seg_pass == kSegMaps;
   return dim3(static_cast<unsigned>(seqs * (p.seg_len > 0 ? p.max_segs : 1)), static_cast<unsigned>(p.value_heads),
-              static_cast<unsigned>(kHeadDim / (NW * 16) * (maps ? 2 : 1)));
+              static_cast<unsigned>(recurrence_column_blocks(NW) * (maps ? 2 : 1)));
 }
 
 template <int NW>
