@@ -15,10 +15,10 @@ namespace flash_kda::sm90 {
 /// num_windows: ceil(total_slots / window_slots); records_bytes: the chunk records of one window,
 /// or of two with several windows (stage 1 of window w + 1 fills one buffer while the
 /// recurrence of window w reads the other: launch.cu); carry_bytes: the two fp32 carry buffers
-/// and done_bytes: one uint32 completion count per window, both 0 with one window. Segment mode (seg_len > 0, one
-/// window only): seg_len chunks per segment, max_segs segments per sequence at most,
-/// seg_maps_bytes (P and Q of every segment but the last) and seg_states_bytes (every
-/// segment's start state), both fp32 [V][K] per (sequence, segment, head).
+/// and done_bytes: one uint32 completion count per window, both 0 with one window.
+/// Segment mode (seg_len > 0, one window only): seg_len chunks per segment, max_segs segments
+/// per sequence at most, seg_maps_bytes (P and Q of every segment but the last) and
+/// seg_states_bytes (every segment's start state), both fp32 [V][K] per (sequence, segment, head).
 struct Plan {
   int64_t total_slots, window_slots, num_windows;
   size_t records_bytes, carry_bytes, done_bytes = 0;
