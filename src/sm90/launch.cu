@@ -69,19 +69,28 @@ DeviceInfo device_info(int device) {
   return info[device];
 }
 
-size_t workspace_bytes(const Plan& plan) {
-  return round_up(plan.records_bytes) + round_up(plan.carry_bytes) + round_up(plan.seg_maps_bytes) +
-         round_up(plan.seg_states_bytes) + round_up(plan.done_bytes);
-}
+// Byte offsets of the plan's buffers in the workspace, each 256-byte aligned, in this order
+// (records at 0), and the bytes of the whole: forward_workspace_size and the launch read both
+// from here.
+struct WorkspaceLayout {
+  size_t carry, seg_maps, seg_states, done, total;
+  explicit WorkspaceLayout(const Plan& plan)
+      : carry(round_up(plan.records_bytes)),
+        seg_maps(carry + round_up(plan.carry_bytes)),
+        seg_states(seg_maps + round_up(plan.seg_maps_bytes)),
+        done(seg_states + round_up(plan.seg_states_bytes)),
+        total(done + round_up(plan.done_bytes)) {}
+};
 
 }  // namespace
 
-size_t workspace_bytes(const ProblemShape& p) { return workspace_bytes(make_plan(p)); }
+size_t workspace_bytes(const ProblemShape& p) { return WorkspaceLayout(make_plan(p)).total; }
 
 void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace, size_t have, Stream stream) {
   // One plan per call: it sizes the workspace check and lays the workspace out.
   const Plan plan = make_plan(p);
-  const size_t need = workspace_bytes(plan);
+  const WorkspaceLayout at(plan);
+  const size_t need = at.total;
   if (have < need)
     throw Error("workspace", "at least " + std::to_string(need) + " bytes (forward_workspace_size), got " +
                                  std::to_string(have));
@@ -96,10 +105,10 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, void* workspace
                          std::to_string(info.major) + std::to_string(info.minor));
 
   char* records = static_cast<char*>(workspace);
-  float* carry = reinterpret_cast<float*>(records + round_up(plan.records_bytes));
-  float* seg_maps = reinterpret_cast<float*>(reinterpret_cast<char*>(carry) + round_up(plan.carry_bytes));
-  float* seg_states = reinterpret_cast<float*>(reinterpret_cast<char*>(seg_maps) + round_up(plan.seg_maps_bytes));
-  unsigned* done = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(seg_states) + round_up(plan.seg_states_bytes));
+  float* carry = reinterpret_cast<float*>(records + at.carry);
+  float* seg_maps = reinterpret_cast<float*>(records + at.seg_maps);
+  float* seg_states = reinterpret_cast<float*>(records + at.seg_states);
+  unsigned* done = reinterpret_cast<unsigned*>(records + at.done);
   const size_t carry_elems = size_t(p.value_heads) * kHeadDim * kHeadDim;
 
   SeqIndex seqs;
