@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "flash_kda/error.h"
@@ -93,9 +95,32 @@ enum class Target : int {
 /// tensor data (cu_seqlens values on a GPU are checked by the reference only).
 ProblemShape validate(const ForwardArgs& args, Target target);
 
-/// Bytes of device workspace forward() needs for `args` (a multiple of 256; may be 0).
-/// Throws flash_kda::Error like validate(args, Target::Sm90).
-size_t forward_workspace_size(const ForwardArgs& args);
+/// Launch choices a caller may fix instead of leaving them to the launch plan. Every field 0
+/// (the default) means "the plan decides"; none changes the function computed, only how it is
+/// spread over the GPU. Out-of-range values raise flash_kda::Error naming the field.
+struct LaunchOptions {
+  /// SMs the kernels may occupy, for a device partitioned by a CUDA green context or an MPS
+  /// limit (the plan then sizes its grids and waves for that many); 0: the device's SM count.
+  /// Must not exceed the device's count.
+  int num_sms = 0;
+  /// Tuning and test knobs: windows of this many 16-token chunk slots (> 0), S segments per
+  /// sequence (>= 1; 1 turns the segment-parallel path off), recurrence blocks of 4 or 8 warps.
+  int64_t window_slots = 0;
+  int segments = 0;
+  int recurrence_warps = 0;
+};
+
+/// Bytes of device workspace forward() needs for `args` (a multiple of 256; may be 0). With
+/// default options it depends on the shapes alone (not on the device or options.num_sms);
+/// forced window_slots or segments may change it. Throws flash_kda::Error like
+/// validate(args, Target::Sm90).
+size_t forward_workspace_size(const ForwardArgs& args, const LaunchOptions& options = {});
+
+/// Returns device memory of at least `bytes` bytes (> 0), 256-byte aligned, on the call's device,
+/// that stays valid until the work enqueued on the call's stream completes (a stream-ordered
+/// allocator such as PyTorch's caching allocator qualifies). Called at most once per forward(),
+/// after validation and planning, and not at all when no workspace is needed.
+using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 
 /// KDA forward on an sm_90 GPU, asynchronously on `stream`.
 ///
@@ -114,7 +139,13 @@ size_t forward_workspace_size(const ForwardArgs& args);
 /// and any rows their clamped ranges overlap), but nothing outside the tensors and the
 /// workspace is read or written.
 /// Throws flash_kda::CudaError if a launch fails.
-void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, Stream stream);
+void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, Stream stream,
+             const LaunchOptions& options = {});
+
+/// forward() with the workspace obtained from `allocate` (validation and the launch plan run
+/// once, before the allocation): what the Python binding uses with PyTorch's allocator.
+void forward(const ForwardArgs& args, const WorkspaceAllocator& allocate, Stream stream,
+             const LaunchOptions& options = {});
 
 /// The exact CPU reference: evaluates the recurrence of docs/kda-spec.md token by token in
 /// fp64 (inputs read as given, bf16 widened exactly), using up to `num_threads` threads over
