@@ -1,5 +1,7 @@
-// The gate and beta activations of KDA, in one place for the CPU reference and the kernels.
-// Math: docs/kda-spec.md "Pre-processing" (fla naive_kda_gate, naive_kda_lowerbound_gate).
+// The gate and beta activations of KDA, in one place for the CPU reference and the kernels:
+// the fp64 forms the reference evaluates, and beside them the log2 forms the sm_90a kernels
+// evaluate, derived from them here and checked against them by tests/cpp/test_gate.cpp.
+// Math: docs/kda-spec.md "Pre-processing".
 #pragma once
 
 #include <cmath>
@@ -12,6 +14,9 @@
 
 namespace flash_kda::math {
 
+/// log2(e): a natural-log quantity times it is the same quantity in log2 units.
+inline constexpr double kLog2e = 1.4426950408889634;
+
 /// Safe gate: log decay a = lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), in (lower_bound, 0).
 /// `decay_rate` is exp(A_log) (1 without A_log), `x` is g + dt_bias.
 template <typename T>
@@ -19,24 +24,53 @@ FKDA_HOST_DEVICE T safe_gate(T x, T decay_rate, T lower_bound) {
   return lower_bound / (T(1) + exp(-decay_rate * x));
 }
 
-#if defined(__CUDACC__)
-/// exp(x) as one ex2.approx.ftz (rel. error ~2^-22): __expf adds range checks so that results
-/// below FLT_MIN stay denormal; here those flush to 0, which every caller tolerates (a gate or
-/// decay that small is 0 at bf16 precision).
-__device__ __forceinline__ float exp_fast(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-  return y;
+// ---- The log2 form of the safe gate (what the kernels evaluate).
+//
+// The kernels keep every decay in log2 units, a2 = a log2(e), so that each exp(.) is one 2^(.)
+// instruction with no scaling multiply. From safe_gate, with x = g + dt_bias and
+// e^(-r x) = 2^(-r log2(e) x):
+//
+//   a2 = lower_bound log2(e) / (1 + e^(-r (g + dt_bias)))
+//      = lb2 / (1 + 2^(rate2 g + rate2 dt_bias)),   rate2 = -exp(A_log) log2(e), lb2 = lower_bound log2(e)
+//
+// so a block computes rate2 and lb2 once per head, bias2 = rate2 dt_bias once per channel, and
+// each token one FMA, one 2^(.), one add, one reciprocal and one multiply. 2^y overflowing to
+// +inf gives recip(inf) = 0, the sigmoid's limit. `Math` supplies the operations: exp2, recip,
+// exp, fma and div (ptx::FastMath on the device: single MUFU instructions; StdMath on the host).
+
+/// Per-head constants of the log2 safe gate.
+template <typename T>
+struct SafeGateLog2 {
+  T rate2;  // -exp(A_log) log2(e)
+  T lb2;    // lower_bound log2(e)
+};
+
+template <typename T, class Math>
+FKDA_HOST_DEVICE SafeGateLog2<T> safe_gate_log2_head(T a_log, T lower_bound, const Math& m) {
+  return {-m.exp(a_log) * T(kLog2e), lower_bound * T(kLog2e)};
 }
-/// Device fp32 safe gate with the fast exp and the approximate divide (rel. error ~1e-6, far
-/// below bf16; __frcp_rn's IEEE range checks and slow path cost ~20 instructions per call).
-/// exp overflowing to +inf gives 0, the sigmoid's limit.
-__device__ __forceinline__ float safe_gate_fast(float x, float decay_rate, float lower_bound) {
-  return __fdividef(lower_bound, 1.f + exp_fast(-decay_rate * x));
+
+/// a log2(e) for the gate input g of a channel whose bias2 = rate2 * dt_bias.
+template <typename T, class Math>
+FKDA_HOST_DEVICE T safe_gate_log2(T g, T bias2, const SafeGateLog2<T>& c, const Math& m) {
+  return c.lb2 * m.recip(T(1) + m.exp2(m.fma(g, c.rate2, bias2)));
 }
-/// Device fp32 beta sigmoid, as safe_gate_fast.
-__device__ __forceinline__ float beta_sigmoid_fast(float beta) { return __fdividef(1.f, 1.f + exp_fast(-beta)); }
-#endif
+
+/// sigmoid(beta) by the same 2^(.): 1 / (1 + e^-beta) = 1 / (1 + 2^(-beta log2(e))).
+template <typename T, class Math>
+FKDA_HOST_DEVICE T beta_sigmoid_log2(T beta, const Math& m) {
+  return m.div(T(1), T(1) + m.exp2(-beta * T(kLog2e)));
+}
+
+/// The operations of the log2 forms in the C++ library's exact (correctly rounded where the
+/// library is) versions: the host side of the check of the kernels' forms.
+struct StdMath {
+  template <typename T> T exp2(T x) const { return std::exp2(x); }
+  template <typename T> T exp(T x) const { return std::exp(x); }
+  template <typename T> T recip(T x) const { return T(1) / x; }
+  template <typename T> T div(T a, T b) const { return a / b; }
+  template <typename T> T fma(T a, T b, T c) const { return std::fma(a, b, c); }
+};
 
 /// Softplus gate: a = -exp(A_log) * softplus(g + dt_bias). softplus(x) = max(x, 0) +
 /// log1p(exp(-|x|)) never overflows and is exact to rounding for every x.

@@ -1,7 +1,9 @@
-// The public GPU entry points: validate the whole call, then hand it to the launch logic.
+// The public GPU entry points: validate the whole call and its launch options once, then hand
+// it to the sm_90a launch (which plans once and launches).
 #include "flash_kda/forward.h"
 #if FLASH_KDA_WITH_CUDA
-#include "sm90/launch.h"
+#include "sm90/forward/launch.h"
+#include "sm90/forward/plan.h"
 #endif
 
 namespace flash_kda {
@@ -15,11 +17,11 @@ namespace {
 
 size_t forward_workspace_size(const ForwardArgs& args, const LaunchOptions& options) {
   const ProblemShape p = validate(args, Target::Sm90);
-  (void)options;
 #if FLASH_KDA_WITH_CUDA
-  return sm90::workspace_bytes(p);
+  sm90::validate_options(options);
+  return sm90::workspace_bytes(p, options);
 #else
-  (void)p;
+  (void)p; (void)options;
   no_cuda();
 #endif
 }
@@ -27,11 +29,11 @@ size_t forward_workspace_size(const ForwardArgs& args, const LaunchOptions& opti
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, Stream stream,
              const LaunchOptions& options) {
   const ProblemShape p = validate(args, Target::Sm90);
-  (void)options;
 #if FLASH_KDA_WITH_CUDA
-  sm90::launch_forward(args, p, workspace, workspace_bytes, stream);  // checks the workspace first
+  sm90::validate_options(options);
+  sm90::launch_forward(args, p, options, workspace, workspace_bytes, nullptr, stream);  // checks the workspace first
 #else
-  (void)p; (void)workspace; (void)workspace_bytes; (void)stream;
+  (void)p; (void)workspace; (void)workspace_bytes; (void)stream; (void)options;
   no_cuda();
 #endif
 }
@@ -39,13 +41,11 @@ void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, S
 void forward(const ForwardArgs& args, const WorkspaceAllocator& allocate, Stream stream,
              const LaunchOptions& options) {
   const ProblemShape p = validate(args, Target::Sm90);
-  (void)options;
 #if FLASH_KDA_WITH_CUDA
-  const size_t need = sm90::workspace_bytes(p);
-  void* workspace = need > 0 ? allocate(need) : nullptr;
-  sm90::launch_forward(args, p, workspace, need, stream);
+  sm90::validate_options(options);
+  sm90::launch_forward(args, p, options, nullptr, 0, &allocate, stream);
 #else
-  (void)p; (void)allocate; (void)stream;
+  (void)p; (void)allocate; (void)stream; (void)options;
   no_cuda();
 #endif
 }

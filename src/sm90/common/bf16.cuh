@@ -20,6 +20,14 @@ __device__ __forceinline__ float2 unpack_bf16(uint32_t x) {
   return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
 }
 
+/// x0, x1 as bf16 hi + lo pairs (x = hi + lo to ~2^-16 relative): two bf16 products then give
+/// an fp32-accurate one.
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = pack_bf16(x0, x1);
+  const float2 h = unpack_bf16(hi);
+  lo = pack_bf16(x0 - h.x, x1 - h.y);
+}
+
 /// Element i of a tensor that is fp32 or bf16 (`is_f32`), as fp32: the inputs (beta) and states
 /// whose dtype the caller picks.
 __device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32) {

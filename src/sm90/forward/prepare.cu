@@ -1,6 +1,7 @@
-// Stage 1: the intra-chunk algebra (docs/kda-spec.md "Chunked form", the WY/UT transform).
-// One 4-warp block per (chunk slot, value head); everything here is independent of the state,
-// so all chunks of all heads run at once.
+// Stage 1: the intra-chunk algebra, one chunk record (common/record.h; docs/kda-spec.md
+// "Record form": W, Qd, kr, Av and Av lo, M, gC) per (chunk slot, value head). One 4-warp
+// block per record; everything here is independent of the state, so all chunks of all heads
+// run at once.
 //
 // The products run on tensor cores (fla's Triton kernels do the same: tl.dot of fp32 operands
 // is tf32), with fp32 accumulation; the records are bf16 anyway. The per-token, per-channel
@@ -9,10 +10,10 @@
 // t4 = lane % 4): the C layout of an m16n8 mma. That one layout is also the A operand of the
 // tf32 Grams (k-slot t4 <-> channel 2 t4, slot t4 + 4 <-> channel 2 t4 + 1: a sum over
 // channels does not care which slot holds which channel) and, token half by token half, their
-// B operand. The version before, which kept fp32 kd / ki / qd tiles in shared memory, ran at
-// 88% of L1 throughput (1,668 wavefronts a record); this one at ~50%, bound by issue and by
-// the latency of its loads (~4,400 warp-instructions a record, DRAM at ~74% of peak;
-// docs/perf-notes.md, sessions 9 and 10). Phases:
+// B operand. Keeping fp32 kd / ki / qd tiles in shared memory instead runs at 88% of L1
+// throughput (1,668 wavefronts a record); this layout at ~50%, bound by issue and by the
+// latency of its loads (~4,400 warp-instructions a record, DRAM at ~74% of peak;
+// docs/performance.md). Phases:
 //   1. the chunk's q, k and g rows (and dt_bias) are staged in shared memory by 16-byte
 //      cp.async, rows padded so that ldmatrix is conflict-free; the squared norms of q_t and
 //      k_t are the diagonals of the bf16 Grams q q^T and k k^T (tensor cores, fed by the same
@@ -41,9 +42,11 @@
 #include <cute/arch/mma_sm80.hpp>
 
 #include "common/gate.h"
-#include "sm90/bf16.h"
-#include "sm90/kernel_attrs.h"
-#include "sm90/params.h"
+#include "sm90/common/bf16.cuh"
+#include "sm90/common/launch_config.h"
+#include "sm90/common/ptx.cuh"
+#include "sm90/forward/kernel_shapes.h"
+#include "sm90/forward/kernels.h"
 
 namespace flash_kda::sm90 {
 namespace {
@@ -51,7 +54,7 @@ namespace {
 using MmaTf32 = cute::SM80_16x8x8_F32TF32TF32F32_TN;
 using MmaBf16 = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 
-constexpr int kThreads = kHeadDim;  // 4 warps
+constexpr int kThreads = kPrepareThreads;  // 4 warps
 constexpr int kGroups = 4;          // 8-channel groups per warp
 constexpr int kSq = kChunk + 4;     // row stride of Ak and Av
 // Row stride of L and M: 24 = 24 (mod 32) makes the float2 stores from mma fragments
@@ -127,64 +130,23 @@ __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t
   }
 }
 
-// fp32 -> tf32 for an mma operand, round to nearest, ties to even (one instruction on sm_90).
-// PTX does not promise that the low 13 bits of the result are zero, so its results only go
-// into mma operands, which read tf32's 19 bits. The Grams' operands skip it: given fp32 bits,
-// the tensor cores drop the low 13 (truncation, as Triton's tf32 dots of fp32 values do), and
-// the four cvt a group were ~4% of the kernel's instructions for no measurable accuracy
-// (accuracy grid max ours / fla 1.00 either way, session 10).
-__device__ __forceinline__ uint32_t tf32(float x) {
-  uint32_t y;
-  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
-  return y;
-}
-
-// 2^x and 1/x as single MUFU instructions (flush-to-zero; rel. error ~2^-22, far below tf32 and
-// bf16): the gate and the decay are computed in log2 units so that no exp needs a scaling FMUL.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// 1 / sqrt(x) for x >= eps (a normal number): rsqrtf's denormal scaling is not needed.
-__device__ __forceinline__ float rsqrt(float x) {
-  float y;
-  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// The 8x8 bf16 matrix whose row g, columns 2 t4 and 2 t4 + 1, this lane holds, transposed:
-// the lane then holds row g of the transpose (PTX movmatrix; the m16n8 fragment layout).
-__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
-  return y;
-}
-
-// x0, x1 as bf16 hi + lo pairs (x = hi + lo to ~2^-16 relative): two bf16 products then give
-// an fp32-accurate one.
-__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  hi = pack_bf16(x0, x1);
-  const float2 h = unpack_bf16(hi);
-  lo = pack_bf16(x0 - h.x, x1 - h.y);
-}
+// The Grams' operands skip ptx::tf32: given fp32 bits, the tensor cores drop the low 13
+// (truncation, as Triton's tf32 dots of fp32 values do), and the four cvt a group were ~4% of the
+// kernel's instructions for no measurable accuracy (accuracy grid max ours / fla 1.00 either
+// way, docs/performance.md). The gate's lo parts keep it (they feed a product whose accuracy
+// matters: the cumulative gate).
 
 __device__ __forceinline__ void store32(char* p, uint32_t x) { *reinterpret_cast<uint32_t*>(p) = x; }
 
 // 7 blocks per SM (<= 72 registers, 7 x 26 KB of shared memory): each block runs its phases one
 // after the other, with warps idle at the barriers, which only other resident blocks can fill.
 // At 8 blocks (64 registers) the kernel spilled and took longer on the small cases
-// (h4_fixed_1024: 9.3 against 7.3 us) for the same time on the large ones (session 9).
+// (h4_fixed_1024: 9.3 against 7.3 us) for the same time on the large ones (docs/performance.md).
 // kGF32: g is fp32 (else bf16), a template parameter so that the gate's loads have one path.
 template <bool kGF32>
 __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParams p) {
   __shared__ __align__(16) Smem sm;
-  // The recurrence is this kernel's programmatic dependent launch (launch.cu): once every block
+  // The state pass is this kernel's programmatic dependent launch (plan.cpp): once every block
   // has started, i.e. in the last wave, its blocks may take the SMs this grid leaves idle and
   // load their initial states; they wait for this grid's completion before reading a record.
   cudaTriggerProgrammaticLaunchCompletion();
@@ -226,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   const int ch0 = 32 * warp;
   const float a_log = p.A_log[hv];
   if (c < kChunk) {
-    sm.beta[c] = c < valid ? math::beta_sigmoid_fast(load_f(p.beta, (t0 + c) * p.value_heads + hv, p.beta_is_f32))
+    sm.beta[c] = c < valid ? math::beta_sigmoid_log2(load_f(p.beta, (t0 + c) * p.value_heads + hv, p.beta_is_f32), ptx::FastMath{})
                            : 0.f;
   }
   cute::cp_async_wait<0>();
@@ -283,8 +245,8 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   for (int th = 0; th < 2; ++th) {
     const float4 sq = *reinterpret_cast<const float4*>(sm.sumsq[0][g + 8 * th]);
     const float4 sk = *reinterpret_cast<const float4*>(sm.sumsq[1][g + 8 * th]);
-    rq[th] = p.scale * rsqrt((sq.x + sq.y) + (sq.z + sq.w) + float(math::kL2NormEps));
-    rk[th] = rsqrt((sk.x + sk.y) + (sk.z + sk.w) + float(math::kL2NormEps));
+    rq[th] = p.scale * ptx::rsqrt((sq.x + sq.y) + (sq.z + sq.w) + float(math::kL2NormEps));
+    rk[th] = ptx::rsqrt((sk.x + sk.y) + (sk.z + sk.w) + float(math::kL2NormEps));
   }
   if (warp == 0 && t4 == 0) {  // for the normalisation and the inverse, past the next barrier
 #pragma unroll
@@ -294,13 +256,13 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
   // The cumulative gate of group j in log2 units, in the C layout (tokens g + 8 th, channels
   // 2 t4, 2 t4 + 1 of the group), as Tri a over two k-steps of 8 tokens. The lane's B values
   // are a at channel 8 j + g, tokens 8 ks + 2 t4, +1 (the transposed ldmatrix's pair), so k-slot
-  // t4 stands for token 8 ks + 2 t4 and slot t4 + 4 for the next one. math::safe_gate_fast in log2
-  // units: a2 = lower_bound log2(e) sigmoid(x), sigmoid(x) = 1 / (1 + 2^(-exp(A_log) log2(e) x));
-  // with the safe gate G >= 16 lower_bound >= -80, so 2^(+-G2) stays inside fp32's range, and
-  // 2^y = inf for a huge y gives rcp(inf) = 0, the sigmoid's limit. a = hi + lo with hi a's top
+  // t4 stands for token 8 ks + 2 t4 and slot t4 + 4 for the next one. The gate is the log2 form
+  // of common/gate.h (math::safe_gate_log2, derived there from the fp64 safe_gate); with the safe
+  // gate G >= 16 lower_bound >= -80, so 2^(+-G2) stays inside fp32's range. a = hi + lo with hi a's top
   // 11 bits (exact in tf32) and lo the rest (rounded to tf32: ~2^-22 of a); Tri is exact.
-  constexpr float kLog2e = 1.4426950408889634f;
-  const float rate2 = -__expf(a_log) * kLog2e, lb2 = p.lower_bound * kLog2e;
+  const ptx::FastMath fm;
+  const math::SafeGateLog2<float> gate2 = math::safe_gate_log2_head(a_log, p.lower_bound, fm);
+  const float rate2 = gate2.rate2;
   // Tri's A fragments for the k-steps ks = 0, 1 (rows g, g + 8; k-slots t4, t4 + 4 = tokens
   // 8 ks + 2 t4, +1): two lane predicates and the constants 1 and 0.
   const uint32_t one = __float_as_uint(1.f), lo4 = g >= 2 * t4 ? one : 0u, hi4 = g >= 2 * t4 + 1 ? one : 0u;
@@ -320,9 +282,9 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
         const float2 pr = unpack_bf16(graw[i / 2]);
         x = i % 2 ? pr.y : pr.x;
       }
-      const float a = t < valid ? lb2 * rcp(1.f + ex2(fmaf(x, rate2, x0))) : 0.f;
+      const float a = t < valid ? math::safe_gate_log2(x, x0, gate2, fm) : 0.f;
       bhi[i] = __float_as_uint(a) & 0xffffe000u;
-      blo[i] = tf32(a - __uint_as_float(bhi[i]));
+      blo[i] = ptx::tf32(a - __uint_as_float(bhi[i]));
     }
 #pragma unroll
     for (int r = 0; r < 4; ++r) G2[r] = 0.f;
@@ -363,13 +325,13 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
 #pragma unroll
     for (int th = 0; th < 2; ++th) {
       const float2 qf = unpack_bf16(qa[th]), kf = unpack_bf16(ka[th]);
-      const float e0 = ex2(G2[2 * th]), e1 = ex2(G2[2 * th + 1]);
+      const float e0 = ptx::ex2(G2[2 * th]), e1 = ptx::ex2(G2[2 * th + 1]);
       kd[2 * th] = kf.x * e0, kd[2 * th + 1] = kf.y * e1;
       qd[2 * th] = qf.x * e0, qd[2 * th + 1] = qf.y * e1;
-      ki[2 * th] = kf.x * ex2(-G2[2 * th]), ki[2 * th + 1] = kf.y * ex2(-G2[2 * th + 1]);
+      ki[2 * th] = kf.x * ptx::ex2(-G2[2 * th]), ki[2 * th + 1] = kf.y * ptx::ex2(-G2[2 * th + 1]);
     }
     {  // Grams over this group's 8 channels (k-slots t4, t4 + 4 = channels 2 t4, 2 t4 + 1), the
-       // operands as fp32 bits (tf32() above)
+       // operands as fp32 bits (see ptx::tf32's note above)
       auto u = [](float x) { return __float_as_uint(x); };
       const uint32_t b[2][2] = {{u(ki[0]), u(ki[1])}, {u(ki[2]), u(ki[3])}};
       const uint32_t ad[4] = {u(kd[0]), u(kd[2]), u(kd[1]), u(kd[3])};
@@ -383,8 +345,8 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
       }
     }
     // The chunk decay of channels ch0 + 8 j + 2 t4, +1: G at token 15, held by lane (g = 7, t4).
-    const float gc0 = ex2(__shfl_sync(0xffffffffu, G2[2], 28 + t4));
-    const float gc1 = ex2(__shfl_sync(0xffffffffu, G2[3], 28 + t4));
+    const float gc0 = ptx::ex2(__shfl_sync(0xffffffffu, G2[2], 28 + t4));
+    const float gc1 = ptx::ex2(__shfl_sync(0xffffffffu, G2[3], 28 + t4));
     if (g == j) gc_own[0] = gc0, gc_own[1] = gc1;
 #pragma unroll
     for (int th = 0; th < 2; ++th) {
@@ -392,12 +354,12 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
       store32(rec_t + kRecQd + gmma_tile_offset(8 * th, 8 * j, kHeadDim),
               pack_bf16(qd[2 * th] * rq[th], qd[2 * th + 1] * rq[th]));
       // kr^T: the lane's token pair of channel ch0 + 8 j + g after the transpose.
-      const uint32_t kr = transpose8x8(pack_bf16(ki[2 * th] * gc0 * rk[th], ki[2 * th + 1] * gc1 * rk[th]));
+      const uint32_t kr = ptx::transpose8x8(pack_bf16(ki[2 * th] * gc0 * rk[th], ki[2 * th + 1] * gc1 * rk[th]));
       store32(rec_kr + gmma_tile_offset(8 * j, 8 * th, kChunk), kr);
       uint32_t hi, lo;
       split_bf16(kd[2 * th], kd[2 * th + 1], hi, lo);
-      kdB[j][0][th] = transpose8x8(hi);
-      kdB[j][1][th] = transpose8x8(lo);
+      kdB[j][0][th] = ptx::transpose8x8(hi);
+      kdB[j][1][th] = ptx::transpose8x8(lo);
     }
   }
   if (g < kGroups)  // channels ch0 + 8 g + 2 t4, +1
@@ -555,13 +517,9 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
 
 }  // namespace
 
-cudaError_t launch_prepare(const PrepareParams& p, bool after_recurrence, cudaStream_t stream) {
-  PrepareParams q = p;
-  q.group = p.value_heads / p.heads;
-  const LaunchConfig launch(dim3(static_cast<unsigned>(p.slot_end - p.slot_begin), static_cast<unsigned>(p.value_heads)),
-                            dim3(kThreads), 0, stream, after_recurrence);
-  return p.g_is_f32 ? cudaLaunchKernelEx(&launch.config, prepare_kernel<true>, q)
-                    : cudaLaunchKernelEx(&launch.config, prepare_kernel<false>, q);
+cudaError_t launch_prepare(const PrepareParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
+  return p.g_is_f32 ? launch_planned<prepare_kernel<true>>(k, context_key, p, stream)
+                    : launch_planned<prepare_kernel<false>>(k, context_key, p, stream);
 }
 
 }  // namespace flash_kda::sm90

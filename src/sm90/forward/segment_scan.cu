@@ -1,5 +1,5 @@
-// Segment scan of the segment-parallel forward (params.h, RecurrenceParams "Segment-parallel
-// mode"): X_{j+1} = X_j P_j + Q_j for j = 0 .. segments - 2, X_0 the initial state, with
+// Segment scan of the segment-parallel forward (params.h; between SegmentMapsPass and
+// SegmentFinishPass): X_{j+1} = X_j P_j + Q_j for j = 0 .. segments - 2, X_0 the initial state, with
 // X = S^T [V x K]; every X_j lands in seg_states, X_0 included, so that the finishing pass never
 // reads initial_state (it may be the final_state buffer, written by another block there). The
 // rows of X are independent, so each block owns 16 rows of one (sequence, head) and walks the
@@ -9,27 +9,26 @@
 
 #include <cute/arch/copy_sm80.hpp>
 
-#include "sm90/bf16.h"
-#include "sm90/kernel_attrs.h"
-#include "sm90/params.h"
+#include "sm90/common/bf16.cuh"
+#include "sm90/common/launch_config.h"
+#include "sm90/forward/kernel_shapes.h"
+#include "sm90/forward/kernels.h"
 
 namespace flash_kda::sm90 {
 namespace {
 
-constexpr int kRows = 16;                 // rows of X per block
-constexpr int kThreads = 256;             // warp w: rows w and w + 8; lane l: columns 4l .. 4l + 3
-constexpr int kXPad = kHeadDim + 4;
-constexpr int kPBytes = kHeadDim * kHeadDim * 4;
-constexpr int kSmemBytes = 2 * kPBytes + kRows * kXPad * 4;  // P_j and P_{j+1}, then X
+constexpr int kRows = kScanRows;      // rows of X per block
+constexpr int kThreads = kScanThreads;  // warp w: rows w and w + 8; lane l: columns 4l .. 4l + 3
+constexpr int kXPad = kScanXPad;
 
 __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams p) {
   extern __shared__ __align__(16) float smem[];
   float(*X)[kXPad] = reinterpret_cast<float(*)[kXPad]>(smem + 2 * kHeadDim * kHeadDim);
 
   // A warp reads each row of P_j as 32 lanes x 16 contiguous bytes (the fewest shared-memory
-  // wavefronts, 4) and uses it for two rows of X; with 16 threads x 8 columns per row (v5) the
-  // reads were 2-way bank-conflicted and each served one row: ~17 wavefronts per k per warp,
-  // which made the step shared-memory bound (~9.8 us on the H200).
+  // wavefronts, 4) and uses it for two rows of X; with 16 threads x 8 columns per row the reads
+  // are 2-way bank-conflicted and each serves one row: ~17 wavefronts per k per warp, which
+  // makes the step shared-memory bound (~9.8 us on the H200, docs/performance.md).
   const int tid = threadIdx.x, r0 = tid / 32, k0 = (tid % 32) * 4;
   const int64_t n = blockIdx.x;
   const int hv = blockIdx.y, v0 = blockIdx.z * kRows + r0;
@@ -61,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
   }
 
   // P_j (64 KB) is copied by cp.async one segment ahead, into the other of two buffers: the
-  // scan is one chain of segment steps, and loading P_j in the step itself (v5) left each step
+  // scan is one chain of segment steps, and loading P_j in the step itself leaves each step
   // waiting on 64 KB from global memory (~11 us a step on the H200).
   auto load_p = [&](int64_t j) {
     using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>;
@@ -107,12 +106,8 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
 
 }  // namespace
 
-cudaError_t launch_segment_scan(const ScanParams& p, cudaStream_t stream) {
-  const cudaError_t e = allow_dynamic_smem<segment_scan_kernel>(kSmemBytes);
-  if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(p.seqs.num_seqs), static_cast<unsigned>(p.value_heads), kHeadDim / kRows);
-  segment_scan_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+cudaError_t launch_segment_scan(const ScanParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
+  return launch_planned<segment_scan_kernel>(k, context_key, p, stream);
 }
 
 }  // namespace flash_kda::sm90

@@ -1,32 +1,36 @@
-// Stage 2: the state passing (docs/kda-spec.md "Chunked form"; the only sequential part).
+// The state passes of the forward (docs/kda-spec.md "Record form"; the only sequential part):
+// one kernel template, recurrence_kernel<NW, Pass>, whose Pass (recurrence_passes.cuh) says
+// which chunks a block walks, where its start state comes from and where its end state goes;
+// the chunk step below is the same for every pass.
 //
-// One block per (sequence, value head, slice of NW*16 value columns), NW = 4 or 8 warps: one or
-// two warpgroups of 64 columns. Each warpgroup keeps its S^T [64 v x 128 k] in fp32 wgmma
-// accumulators for the whole sequence (warp w of it: rows 16w..16w+15). Per 16-token chunk,
-// with the record of stage 1 (params.h, tiles in wgmma's layout) and the chunk's rows of v
-// (this block's columns) in shared memory:
+// One block per (sequence or segment, value head, slice of NW*16 value columns), NW = 4 or 8
+// warps: one or two warpgroups of 64 columns. Each warpgroup keeps its S^T [64 v x 128 k] in
+// fp32 wgmma accumulators for the whole chain (warp w of it: rows 16w..16w+15). Per 16-token
+// chunk, with the record of stage 1 (common/record.h, tiles in wgmma's layout) and the chunk's
+// rows of v (this block's columns) in shared memory:
 //
-//   U^T = v^T Av^T - S^T W^T      (wgmma m64n16k16: A = v^T / S^T from registers, B = Av, W
-//                                  from shared memory; v^T Av^T does not depend on S)
-//   O^T = S^T Qd^T + U^T M^T      (old S; off the sequential chain)
-//   S^T = S^T diag(gC) + U^T kr   (one wgmma m64n128k16, A = U^T, B = kr^T)
+//   U^T = v^T Av^T - S^T W^T      (U = U0 - W S with U0 = Av v: wgmma m64n16k16, A = v^T / S^T
+//                                  from registers, B = Av, W from shared memory; v^T Av^T does
+//                                  not depend on S)
+//   O^T = S^T Qd^T + U^T M^T      (O = Qd S + M U with the old S; off the sequential chain)
+//   S^T = S^T diag(gC) + U^T kr   (S' = diag(gC) S + kr^T U: one wgmma m64n128k16, A = U^T,
+//                                  B = kr^T)
 //
-// A warpgroup reads each B tile from shared memory once (mma.sync read it once per warp:
-// ~70% of the v8 kernel's shared-memory traffic), and one instruction replaces 4-16 HMMAs.
-// The accumulator of one product is, register for register, the A operand of the next (the
-// FlashAttention register reuse), so S and U never leave registers. Chunks are prefetched
-// into a ring of stage buffers: the record by one bulk copy (cp.async.bulk, the TMA engine), the
-// v rows by cp.async, all completing on the buffer's `full` mbarrier; each warp releases a
-// buffer on its `empty` mbarrier once its last product reading it is done. A step has no block
-// barrier, cp.async wait or proxy fence. One warpgroup gets a producer warp that issues every
-// load (kHasProducer); two warpgroups issue them themselves, kStages - 2 chunks ahead, beside
-// their products (docs/perf-notes.md, sessions 7 and 8).
+// A warpgroup reads each B tile from shared memory once (per-warp mma.sync read it once per
+// warp: ~70% of an mma.sync kernel's shared-memory traffic), and one instruction replaces 4-16
+// HMMAs. The accumulator of one product is, register for register, the A operand of the next,
+// so S and U never leave registers. Chunks are prefetched into a ring of stage buffers
+// (common/stage_ring.cuh): the record by one bulk copy (the TMA engine), the v rows by
+// cp.async, all completing on the buffer's `full` mbarrier; each warp releases a buffer on its
+// `empty` mbarrier once its last product reading it is done. A step has no block barrier,
+// cp.async wait or proxy fence. One warpgroup gets a producer warp that issues every load
+// (recurrence_has_producer); two warpgroups issue them themselves, kStages - 2 chunks ahead,
+// beside their products (docs/performance.md).
 #include <cuda_bf16.h>
 
 #include <type_traits>
 #include <utility>
 
-#include <cuda/atomic>
 #include <cuda/ptx>
 
 #include <cute/arch/copy_sm75.hpp>
@@ -35,9 +39,12 @@
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
-#include "sm90/bf16.h"
-#include "sm90/kernel_attrs.h"
-#include "sm90/params.h"
+#include "sm90/common/bf16.cuh"
+#include "sm90/common/launch_config.h"
+#include "sm90/common/stage_ring.cuh"
+#include "sm90/forward/kernel_shapes.h"
+#include "sm90/forward/kernels.h"
+#include "sm90/forward/recurrence_passes.cuh"
 
 namespace flash_kda::sm90 {
 namespace {
@@ -46,33 +53,11 @@ namespace gmma = cute::SM90::GMMA;
 template <gmma::ScaleIn kScaleA>
 using MmaN16 = gmma::MMA_64x16x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K, kScaleA, gmma::ScaleIn::One>;
 using MmaN128 = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
-constexpr int kStages = 6;
 
 template <int NW>
-struct Layout {
-  static_assert(NW == 4 || NW == 8, "whole warpgroups");
-  static constexpr int kRec = 0;                      // the record, byte for byte (16-byte aligned tiles)
-  static constexpr int kVRow = NW * 16 * 2 + 16;      // padded row of this block's v columns
-  static constexpr int kV = kRecordBytes;
-  static constexpr int kStage = kV + kChunk * kVRow;
-  static constexpr int kOut = kStages * kStage;       // per-warp [16 tok][16 v] bf16 staging
-  static constexpr int kBar = kOut + NW * kChunk * 32;  // mbarriers: full[kStages], empty[kStages]
-  static constexpr int kBytes = kBar + 2 * kStages * 8;
-  static_assert(kStage % 128 == 0, "stage buffers keep the record's tiles 128-byte aligned");
-  static_assert(kVRow % 16 == 0 && kRecordBytes % 16 == 0 && kBar % 8 == 0,
-                "bulk copies move 16-byte multiples between 16-byte aligned addresses");
-};
-
-// One warpgroup (NW = 4) gets a fifth warp that only issues the chunk loads, a producer as in
-// FlashAttention-3's warp specialisation: with one warp per scheduler every instruction of a
-// consumer warp is on the chunk step's chain, and the loads were ~35 of its ~310 a step
-// (recurrence h4_fixed_1024 42.5 -> 39.2 us). Two warpgroups issue the loads themselves, beside
-// their products: a third, producer warpgroup (setmaxnreg 232 / 40, as 255 registers x 288
-// threads would not fit) made h96_fixed_8192's recurrence slower, 369 -> 415 us (session 8).
+using Layout = RecurrenceSmem<NW>;
 template <int NW>
-inline constexpr bool kHasProducer = NW == 4;
-template <int NW>
-inline constexpr int kBlockThreads = NW * 32 + (kHasProducer<NW> ? 32 : 0);
+inline constexpr bool kHasProducer = recurrence_has_producer(NW);
 
 // wgmma descriptors of the bf16 [N][K] tiles of one stage buffer, laid out by gmma_tile_offset
 // (no swizzle; K = 16 x k-steps). They differ only in the start address (bits 0-13, in 16-byte
@@ -118,15 +103,6 @@ __device__ __forceinline__ void fence_regs(T (&r)[N][4]) {
     for (int j = 0; j < 4; ++j) cute::warpgroup_fence_operand(r[i][j]);
 }
 
-// The pieces of one chunk's loads into a stage buffer, all completing on its `full` barrier.
-// The record, byte for byte, is one bulk copy (cp.async.bulk: the TMA engine, one instruction)
-// from one thread, which also sets the transaction count.
-template <int NW>
-__device__ __forceinline__ void copy_record(char* stage, uint64_t* full, const char* rec) {
-  namespace ptx = cuda::ptx;
-  ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, kRecordBytes);
-  ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, stage + Layout<NW>::kRec, rec, kRecordBytes, full);
-}
 // The v rows are strided in global memory, and a bulk copy takes uniform operands (a copy per
 // lane is a loop over lanes), so they go as 16-byte cp.async pieces: piece j of row t from `src`;
 // `ok` false zero-fills it (rows past the sequence end: their Av columns are zero, but 0 * NaN is
@@ -142,25 +118,20 @@ __device__ __forceinline__ void copy_v_piece(char* stage, const char* src, int t
 
 // One chunk's record and this block's columns of its 16 v rows, issued by all NW * 32 threads
 // (blocks without a producer warp): `full` counts 1 + NW * 32 arrivals when v is loaded, else 1.
-// `v_src` is this thread's piece of v. `with_v` is false in the P pass of the segment maps
+// `v_src` is this thread's piece of v. `with_v` is false in the P half of the segment maps
 // (U0 = 0).
 template <int NW>
 __device__ __forceinline__ void load_chunk(char* stage, uint64_t* full, const char* rec, const char* v_src,
                                            bool v_ok, bool with_v, int tid) {
-  if (tid == 0) copy_record<NW>(stage, full, rec);
+  if (tid == 0) copy_record(stage + Layout<NW>::kRec, full, rec);
   if (with_v) {  // 16 rows x NW * 32 bytes: one piece per thread
     copy_v_piece<NW>(stage, v_src, tid / (2 * NW), tid % (2 * NW), v_ok);
     cuda::ptx::cp_async_mbarrier_arrive_noinc(full);
   }
 }
 
-__device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
-  }
-}
-
 // The producer warp's loop: chunks c_begin .. c_end - 1 into the stage buffers in ring order,
-// each once its buffer is released (the empty-barrier parity trick of load_next). Lane 0
+// each once its buffer is released (common/stage_ring.cuh). Lane 0
 // copies the record; the NW * 32 16-byte pieces of the v rows go kPer to a lane, so `full`
 // counts 1 + 32 arrivals when v is loaded. Rows past the sequence end are zero-filled from the
 // last valid row's address (no address outside v).
@@ -171,12 +142,12 @@ __device__ __forceinline__ void produce(char* smem, uint64_t* full, uint64_t* em
   using L = Layout<NW>;
   constexpr int kRowPieces = NW * 16 * 2 / 16;
   constexpr int kPer = kChunk * kRowPieces / 32;
-  int b = 0;
-  uint32_t parity = 1u;
+  RingPos<kStages> ring{0, 1u};  // empty's parity: the phase before this use
   for (int64_t k = 0; k < chunks; ++k) {
-    wait_phase(empty + b, parity);
+    const int b = ring.buf;
+    wait_phase(empty + b, ring.parity);
     char* stage = smem + b * L::kStage;
-    if (lane == 0) copy_record<NW>(stage, full + b, rec);
+    if (lane == 0) copy_record(stage + L::kRec, full + b, rec);
     if (with_v) {
       const int valid = left < kChunk ? static_cast<int>(left) : kChunk;
 #pragma unroll
@@ -190,13 +161,13 @@ __device__ __forceinline__ void produce(char* smem, uint64_t* full, uint64_t* em
     rec += rec_stride;
     v_row0 += kChunk * v_row_bytes;
     left -= kChunk;
-    if (++b == kStages) b = 0, parity ^= 1u;
+    ring.advance();
   }
   cute::cp_async_wait<0>();  // a warp leaves no copy of its own in flight behind it
 }
 
-template <int NW>
-__global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const RecurrenceParams p) {
+template <int NW, class Pass>
+__global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kernel(const typename Pass::Params p) {
   using L = Layout<NW>;
   extern __shared__ __align__(128) char smem[];
   // The warp index broadcast from lane 0 (CUTLASS's canonical_warp_idx_sync): ptxas then knows
@@ -205,78 +176,19 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   // R2UR: ~100 more instructions a step).
   const int tid = threadIdx.x, lane = tid % 32, warp = __shfl_sync(0xffffffffu, tid / 32, 0);
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates: row group, column pair
-  // Pipelined windows: this warp's reads of the records and carry and its writes of out, carry
-  // and final state are done (RecurrenceParams::done_out). Every exit of a consumer warp passes
-  // here once; the producer warp's loads complete before the consumers' last products.
-  auto arrive_done = [&] {
-    if (p.done_out == nullptr || warp >= NW) return;
-    __syncwarp();
-    if (lane == 0)  // release: orders the warp's writes (made the lane's by __syncwarp) before it
-      cuda::atomic_ref<unsigned, cuda::thread_scope_device>(*p.done_out).fetch_add(1u, cuda::memory_order_release);
-  };
-  // The window's sequences are consecutive: block x takes the x-th one from the first (in
-  // segment mode, segment x % max_segs of sequence x / max_segs).
-  const int64_t seg_len = p.seg_len;
-  const int64_t n = p.seqs.seq_of_slot(p.slot_begin) + (seg_len > 0 ? blockIdx.x / p.max_segs : blockIdx.x);
-  const int64_t seg = seg_len > 0 ? blockIdx.x % p.max_segs : 0;
-  if (n >= p.seqs.num_seqs) return arrive_done();
+  ChainWork w;
+  if (!Pass::template locate<NW>(p, w)) return Pass::template signal_done<NW>(p, warp, lane);
   const int hv = blockIdx.y;
   constexpr int kColBlocks = recurrence_column_blocks(NW);
-  const bool maps = seg_len > 0 && p.seg_pass == kSegMaps;
-  const int part = blockIdx.z / kColBlocks;  // maps: 0 = P (from X = I, U0 = 0), 1 = Q (from X = 0)
-  const bool use_u0 = !(maps && part == 0);
+  const bool use_u0 = pass_uses_v<Pass>(w);
   const int v_block = (blockIdx.z % kColBlocks) * NW * 16, v0 = v_block + warp * 16;
-
-  const SeqIndex::Span span = p.seqs.span(n);
-  const int64_t first = span.first_slot, seq_begin = span.begin, seq_len = span.length;
-  const int64_t num_chunks = (seq_len + kChunk - 1) / kChunk;
-  const int64_t owned_end = first + (num_chunks > 0 ? num_chunks : 1);  // an empty sequence owns one slot
-  if (owned_end <= p.slot_begin || first >= p.slot_end) return arrive_done();
-  int64_t c_begin = p.slot_begin > first ? p.slot_begin - first : 0;
-  int64_t c_end = min(num_chunks, p.slot_end - first);
+  const int64_t first = w.first, seq_begin = w.seq_begin, seq_len = w.seq_len;
+  const int64_t c_begin = w.c_begin, c_end = w.c_end;
   const int64_t HV = p.value_heads;
-  if (seg_len > 0) {  // one window holds every slot: the segment alone bounds the chunks
-    const int64_t num_segs = num_chunks > 0 ? (num_chunks + seg_len - 1) / seg_len : 1;
-    if (seg >= num_segs || (maps && seg == num_segs - 1)) return;  // the last map is never used
-    c_begin = seg * seg_len;
-    c_end = min(num_chunks, c_begin + seg_len);
-  }
 
-  // s[nt][*]: S^T rows v0+g and v0+g+8, columns k = nt*8 + 2*t4 + {0,1} (m16n8 accumulator layout).
-  float s[kHeadDim / 8][4];
-  const bool from_carry = seg_len == 0 && c_begin > 0;
-  // The previous window of a pipelined call may still be writing the carry: read it past the
-  // wait for that window below; every other start state is read here, beside stage 1's tail.
-  const bool late_carry = from_carry && p.done_in != nullptr;
-  auto load_state = [&] {
-    const int64_t base = state_offset(n, hv, HV);
-    const bool from_segment = seg_len > 0 && !maps;  // the scan wrote every segment's start state
-    const float* seg_state = from_segment
-        ? p.seg_states + seg_state_offset(n, seg, hv, p.max_segs, HV) : nullptr;
-#pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
-        float2 x = make_float2(0.f, 0.f);
-        if (maps) {
-          if (part == 0) x = make_float2(v == k ? 1.f : 0.f, v == k + 1 ? 1.f : 0.f);
-        } else if (from_segment) {
-          x = *reinterpret_cast<const float2*>(seg_state + v * kHeadDim + k);
-        } else if (from_carry) {
-          x = *reinterpret_cast<const float2*>(p.carry_in + (int64_t(hv) * kHeadDim + v) * kHeadDim + k);
-        } else if (p.initial_state != nullptr) {
-          const int64_t off = base + int64_t(v) * kHeadDim + k;
-          x = p.state_is_f32 ? *reinterpret_cast<const float2*>(static_cast<const float*>(p.initial_state) + off)
-                             : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
-                                   static_cast<const __nv_bfloat16*>(p.initial_state) + off));
-        }
-        s[nt][2 * half] = x.x;
-        s[nt][2 * half + 1] = x.y;
-      }
-    }
-  };
-  if (warp < NW && !late_carry) load_state();  // not the producer
+  float s[kHeadDim / 8][4];  // StateRegs: S^T rows v0+g, v0+g+8, columns nt*8 + 2*t4 + {0,1}
+  const bool late_start = Pass::late_start(p, w);
+  if (warp < NW && !late_start) Pass::template load_start<NW>(p, w, s, v0, g, t4);  // not the producer
 
   // full[b]: buffer b's copies landed (thread 0's arrival with the record's bytes, and one per
   // thread for its piece of v); empty[b]: every warp is done reading it (one arrival per warp).
@@ -295,27 +207,15 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   // Launched as stage 1's programmatic dependent (launch.cu): the records are complete and
   // visible only past this wait. A no-op for an ordinary launch.
   cudaGridDependencySynchronize();
-  // Pipelined windows: stage 1 of this window does not wait for the previous window's
-  // recurrence, so its completion says nothing of it; wait for that grid's warps here (they are
-  // all resident or done: this grid launched after its stage 1 launched, which launched after
-  // every block of that grid had passed this point). Then the next window's stage 1 may start:
-  // the record buffer it fills was last read by that grid.
-  if (p.done_in != nullptr) {
-    if (tid == 0) {
-      cuda::atomic_ref<unsigned, cuda::thread_scope_device> done(*p.done_in);
-      while (done.load(cuda::memory_order_acquire) < p.done_expected) __nanosleep(64);
-    }
-    __syncthreads();
-  }
-  if (p.done_out != nullptr) cudaTriggerProgrammaticLaunchCompletion();  // another window follows
-  if (warp < NW && late_carry) load_state();
+  Pass::wait_previous(p, tid);
+  if (warp < NW && late_start) Pass::template load_start<NW>(p, w, s, v0, g, t4);
 
   // The next chunk to load: its record, its first row of v (this block's columns) and the
   // tokens left from it, all advanced by one chunk per load. Incremental pointers: the index
   // arithmetic of each step (64-bit products, the stage modulo) was ~100 of its ~380
   // instructions per warp in the H200 profile.
   const int64_t v_row_bytes = HV * kHeadDim * 2;
-  const char* rec_next = p.records + ((first + c_begin - p.slot_begin) * HV + hv) * int64_t(kRecordBytes);
+  const char* rec_next = p.records + ((first + c_begin - w.slot_base) * HV + hv) * int64_t(kRecordBytes);
   const char* v_next = static_cast<const char*>(p.v) + (seq_begin + c_begin * kChunk) * v_row_bytes +
                        (hv * kHeadDim + v_block) * 2;
   int64_t left_next = seq_len - c_begin * kChunk;
@@ -356,9 +256,10 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
   }
   // This lane's piece of the output rows (token row t = lane / 2, 16 bytes), advanced per chunk.
   const int out_t = lane / 2;
-  __nv_bfloat16* out_next = maps ? nullptr
-      : static_cast<__nv_bfloat16*>(p.out) + ((seq_begin + c_begin * kChunk + out_t) * HV + hv) * kHeadDim + v0 +
-            (lane % 2) * 8;
+  __nv_bfloat16* out_next = nullptr;
+  if constexpr (Pass::kWritesOut)
+    out_next = static_cast<__nv_bfloat16*>(p.out) + ((seq_begin + c_begin * kChunk + out_t) * HV + hv) * kHeadDim +
+               v0 + (lane % 2) * 8;
   int64_t left = seq_len - c_begin * kChunk;  // tokens from the current chunk on
 
   // The chunk loop, with the pass's branches resolved at compile time (kOut: write out, else
@@ -376,8 +277,7 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
     uint32_t sa[2][kHeadDim / 16][4];  // A operand of S^T, 8 k-steps of 16 key channels
     uint32_t ua[2][1][4];              // U^T as the A operand (16 v x 16 tokens)
     float o[2][2][4];                  // O^T of the chunk (16 v x 16 tokens)
-    int buf = 0;                       // the current chunk's stage buffer
-    uint32_t full_parity = 0;          // of the phase of full[buf] that holds the current chunk
+    RingPos<kStages> ring{0, 0u};      // the current chunk's stage buffer, and its full phase's parity
 
     // O^T of the previous chunk -> [token][v] staging -> 32 contiguous bytes per token row of
     // out. stmatrix.trans writes the four 8x8 tiles (token tile j, value half h) of O^T as token
@@ -404,11 +304,11 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
     // issued in back(c), beside the products (h96_fixed_8192 recurrence 401 -> 377 us against the
     // front of the step; perf-notes, session 7). Its buffer is chunk c - 2's, which every warp
     // released in step c - 1: this rarely waits. It is in the next round of buffers unless
-    // buf + kStages - 2 wraps.
+    // ring.buf + kStages - 2 wraps.
     auto load_ahead = [&](int64_t c) {
       if (c + kStages - 2 < c_end) {
-        const bool wraps = buf + kStages - 2 >= kStages;
-        load_next(wraps ? buf - 2 : buf + kStages - 2, full_parity ^ (wraps ? 0u : 1u));
+        const bool wraps = ring.buf + kStages - 2 >= kStages;
+        load_next(wraps ? ring.buf - 2 : ring.buf + kStages - 2, ring.parity ^ (wraps ? 0u : 1u));
       }
     };
 
@@ -418,12 +318,12 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
     auto front = [&](auto parity_tag, int64_t c) {
       constexpr int cur = decltype(parity_tag)::value;
       [[maybe_unused]] constexpr int prv = 1 - cur;
-      char* stage = smem + buf * L::kStage;
+      char* stage = smem + ring.buf * L::kStage;
       const StageDescs desc(stage);
       // Chunk c's copies: past full's phase, the bulk copy's writes (async proxy) are visible
       // to wgmma and to loads, and the cp.async writes (generic proxy) to the loads of v, which
       // are all that read them.
-      wait_phase(full + buf, full_parity);
+      wait_phase(full + ring.buf, ring.parity);
 
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -472,7 +372,7 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();  // this batch, and the previous chunk's O before it
       // The previous chunk's O was the last reader of its buffer: this warp releases it.
-      if (c > c_begin && lane == 0) cuda::ptx::mbarrier_arrive(empty + (buf == 0 ? kStages - 1 : buf - 1));
+      if (c > c_begin && lane == 0) cuda::ptx::mbarrier_arrive(empty + (ring.buf == 0 ? kStages - 1 : ring.buf - 1));
       fence_regs(xu);
       fence_regs(va);
       if constexpr (kOut) {
@@ -492,7 +392,7 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
     };
     auto back = [&](auto parity_tag, int64_t c, bool write_prev) {
       constexpr int cur = decltype(parity_tag)::value;
-      char* stage = smem + buf * L::kStage;
+      char* stage = smem + ring.buf * L::kStage;
       const StageDescs desc(stage);
       // S^T <- S^T diag(gC) + U^T kr (the chain); then O^T = S^T Qd^T + U^T M^T (old S), left
       // running into the next step.
@@ -519,7 +419,7 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
       if constexpr (!kHasProducer<NW>) load_ahead(c);
       cute::warpgroup_wait<1>();  // the state update is done; O may still run
       fence_regs(s);
-      if (++buf == kStages) buf = 0, full_parity ^= 1u;
+      ring.advance();
     };
 
     using P0 = std::integral_constant<int, 0>;
@@ -551,94 +451,38 @@ __global__ void __launch_bounds__(kBlockThreads<NW>) recurrence_kernel(const Rec
     fence_regs(ua[0]);
     fence_regs(ua[1]);
   };
-  if (!maps)
+  if constexpr (Pass::kWritesOut)
     chunk_loop(std::true_type{}, std::true_type{});
   else if (use_u0)
     chunk_loop(std::false_type{}, std::true_type{});
   else
     chunk_loop(std::false_type{}, std::false_type{});
 
-  if (maps) {  // P or Q of this segment
-    float* dst = p.seg_maps + seg_map_offset(n, seg, hv, part, p.max_segs, HV);
-#pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<float2*>(dst + (v0 + g + 8 * half) * kHeadDim + nt * 8 + 2 * t4) =
-            make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
-    return;
-  }
-  // The state after this window: the sequence's final state, or the carry to the next window
-  // (in segment mode only the last segment's end state is kept: the scan made the others).
-  const bool done = c_end == num_chunks;
-  if (seg_len > 0 && !done) return;
-  if (done && p.final_state == nullptr) return arrive_done();
-  const int64_t base = state_offset(n, hv, HV);
-#pragma unroll
-  for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
-      const float2 x = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
-      if (!done) {
-        *reinterpret_cast<float2*>(p.carry_out + (int64_t(hv) * kHeadDim + v) * kHeadDim + k) = x;
-      } else if (p.state_is_f32) {
-        *reinterpret_cast<float2*>(static_cast<float*>(p.final_state) + base + int64_t(v) * kHeadDim + k) = x;
-      } else {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.final_state) + base + int64_t(v) * kHeadDim + k) =
-            __floats2bfloat162_rn(x.x, x.y);
-      }
-    }
-  }
-  arrive_done();
+  Pass::template store_end<NW>(p, w, s, v0, g, t4, warp, lane);
 }
 
-// Dynamic shared memory that keeps a second block off the SM (sm_90: 228 KB per SM, 1 KB of it
-// reserved per block). A one-wave grid wants one block per SM: with the programmatic launch
-// its blocks are placed while stage 1's last wave still runs, and two of them on one SM (each
-// fits twice) would run their chains at half pace while other SMs idle.
-constexpr int kOnePerSmBytes = 116 * 1024;
-// With pipelined windows the next window's stage 1 runs beside this grid (launch.cu). A
-// stage-1 block (~29 KB with its reserve) on the SM of a single-warpgroup block, whose every
-// warp is on the chain, slowed the chain more than the overlap gained (session 10: h32_fixed_8192
-// 298-301 us with the SMs kept to the recurrence, 306-313 us shared); so such a grid takes
-// shared memory that leaves no room for one. (Two warpgroups take the register file anyway.)
-constexpr int kExclusiveBytes = 200 * 1024;
-
-// The grid: blockIdx.x the window's sequences (x segments), y the value heads, z the column
-// blocks (x P and Q for the segment maps).
-template <int NW>
-dim3 grid_of(const RecurrenceParams& p, const RecurrenceLaunch& how) {
-  const int64_t seqs = how.max_seqs < p.seqs.num_seqs ? how.max_seqs : p.seqs.num_seqs;
-  const bool maps = p.seg_len > 0 && p.seg_pass == kSegMaps;
-  return dim3(static_cast<unsigned>(seqs * (p.seg_len > 0 ? p.max_segs : 1)), static_cast<unsigned>(p.value_heads),
-              static_cast<unsigned>(recurrence_column_blocks(NW) * (maps ? 2 : 1)));
-}
-
-template <int NW>
-cudaError_t launch(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaStream_t stream) {
-  constexpr int kBytes = Layout<NW>::kBytes;
-  static_assert(kBytes <= kOnePerSmBytes && kOnePerSmBytes < kExclusiveBytes, "the sizes below are in order");
-  const cudaError_t e = allow_dynamic_smem<recurrence_kernel<NW>>(kExclusiveBytes);  // a failure is reported, not launched over
-  if (e != cudaSuccess) return e;
-  const dim3 grid = grid_of<NW>(p, how);
-  const bool one_wave = int64_t(grid.x) * grid.y * grid.z <= how.num_sms;
-  // A window of a pipelined call (each has a count to wait for or to add to): keep the SMs.
-  const bool pipelined = p.done_in != nullptr || p.done_out != nullptr;
-  const int bytes = !one_wave ? kBytes : pipelined ? kExclusiveBytes : kOnePerSmBytes;
-  const LaunchConfig launch(grid, dim3(kBlockThreads<NW>), bytes, stream, how.after_prepare);
-  return cudaLaunchKernelEx(&launch.config, recurrence_kernel<NW>, p);
+template <int NW, class Pass>
+cudaError_t launch_pass(const typename Pass::Params& p, const KernelLaunch& k, uint64_t context_key,
+                        cudaStream_t stream) {
+  return launch_planned<recurrence_kernel<NW, Pass>>(k, context_key, p, stream);
 }
 
 }  // namespace
 
-cudaError_t launch_recurrence(const RecurrenceParams& p, const RecurrenceLaunch& how, cudaStream_t stream) {
-  return how.warps_per_block == 4 ? launch<4>(p, how, stream) : launch<8>(p, how, stream);
+cudaError_t launch_window_pass(const WindowParams& p, int warps, const KernelLaunch& k, uint64_t context_key,
+                               cudaStream_t stream) {
+  return warps == 4 ? launch_pass<4, WindowPass>(p, k, context_key, stream)
+                    : launch_pass<8, WindowPass>(p, k, context_key, stream);
 }
 
-unsigned recurrence_consumer_warps(const RecurrenceParams& p, const RecurrenceLaunch& how) {
-  const dim3 grid = how.warps_per_block == 4 ? grid_of<4>(p, how) : grid_of<8>(p, how);
-  return grid.x * grid.y * grid.z * static_cast<unsigned>(how.warps_per_block);
+cudaError_t launch_segment_maps(const SegmentMapsParams& p, const KernelLaunch& k, uint64_t context_key,
+                                cudaStream_t stream) {
+  return launch_pass<kSegmentWarps, SegmentMapsPass>(p, k, context_key, stream);
+}
+
+cudaError_t launch_segment_finish(const SegmentFinishParams& p, const KernelLaunch& k, uint64_t context_key,
+                                  cudaStream_t stream) {
+  return launch_pass<kSegmentWarps, SegmentFinishPass>(p, k, context_key, stream);
 }
 
 }  // namespace flash_kda::sm90

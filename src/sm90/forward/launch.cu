@@ -1,0 +1,166 @@
+// Executes the plan (plan.h) of a forward call: fills the kernels' parameter blocks from the
+// call's tensors and the plan, and launches the kernels in order. It decides nothing.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "sm90/common/device_props.h"
+#include "sm90/forward/kernels.h"
+#include "sm90/forward/launch.h"
+#include "sm90/forward/params.h"
+#include "sm90/forward/plan.h"
+
+namespace flash_kda::sm90 {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Makes `device` current for the launches and restores the caller's device afterwards. A
+// current context of `device` (its primary context or a green context of it) is left current.
+struct DeviceGuard {
+  int previous = -1;
+  explicit DeviceGuard(int device) {
+    check(cudaGetDevice(&previous), "cudaGetDevice");
+    if (previous != device) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous) cudaSetDevice(previous);
+  }
+};
+
+}  // namespace
+
+size_t workspace_bytes(const ProblemShape& p, const LaunchOptions& options) {
+  return workspace_layout(p, options).total;
+}
+
+void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOptions& options, void* workspace,
+                    size_t have, const WorkspaceAllocator* allocate, Stream stream) {
+  const WorkspaceLayout at = workspace_layout(p, options);
+  const size_t need = at.total;
+  if (allocate == nullptr) {
+    if (have < need)
+      throw Error("workspace", "at least " + std::to_string(need) + " bytes (forward_workspace_size), got " +
+                                   std::to_string(have));
+    if (need > 0 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0))
+      throw Error("workspace", "a non-null device pointer aligned to 256 bytes");
+  }
+
+  const int device = a.q.device_id;
+  DeviceGuard guard(device);
+  const uint64_t ctx = current_context_key(device);
+  const DeviceProps props = current_device_props(device, ctx);
+  if (props.major != 9 || props.minor != 0)
+    throw Error("q", "tensors on an sm_90 (Hopper) GPU; device " + std::to_string(device) + " is sm_" +
+                         std::to_string(props.major) + std::to_string(props.minor));
+  validate_device_options(options, props);
+  const Plan plan = make_plan({p, props, options});
+  if (!plan_fits(plan, at)) throw Error("workspace", "internal: the launch plan exceeds the workspace capacity");
+
+  if (allocate != nullptr) {
+    workspace = need > 0 ? (*allocate)(need) : nullptr;
+    if (need > 0 && (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0))
+      throw Error("workspace", "the allocator returned a null or not 256-byte aligned pointer");
+  }
+  char* records = static_cast<char*>(workspace);
+  float* carry = reinterpret_cast<float*>(records + at.carry);
+  float* seg_maps = reinterpret_cast<float*>(records + at.seg_maps);
+  float* seg_states = reinterpret_cast<float*>(records + at.seg_states);
+  unsigned* done = reinterpret_cast<unsigned*>(records + at.done);
+  const size_t carry_elems = size_t(p.value_heads) * kHeadDim * kHeadDim;
+
+  SeqIndex seqs;
+  seqs.cu_seqlens = a.cu_seqlens.defined() ? a.cu_seqlens.data : nullptr;
+  seqs.cu_is_64 = a.cu_seqlens.dtype == DType::I64;
+  seqs.seqlen = p.seqlen;
+  seqs.num_seqs = p.num_seqs;
+  seqs.total_tokens = p.batch * p.seqlen;
+
+  PrepareParams pp{};
+  pp.q = a.q.data; pp.k = a.k.data; pp.g = a.g.data; pp.beta = a.beta.data;
+  pp.A_log = static_cast<const float*>(a.A_log.data);
+  pp.dt_bias = static_cast<const float*>(a.dt_bias.data);
+  pp.g_is_f32 = a.g.dtype == DType::F32;
+  pp.beta_is_f32 = a.beta.dtype == DType::F32;
+  pp.seqs = seqs;
+  pp.heads = static_cast<int>(p.heads);
+  pp.value_heads = static_cast<int>(p.value_heads);
+  pp.group = static_cast<int>(p.value_heads / p.heads);
+  pp.scale = static_cast<float>(p.scale);
+  pp.lower_bound = static_cast<float>(a.lower_bound);
+  pp.records = records;
+
+  ChainParams chain{};
+  chain.records = records;
+  chain.v = a.v.data;
+  chain.seqs = seqs;
+  chain.value_heads = static_cast<int>(p.value_heads);
+  const void* initial_state = a.initial_state.defined() ? a.initial_state.data : nullptr;
+  void* final_state = a.final_state.defined() ? a.final_state.data : nullptr;
+  const TensorView& st = a.initial_state.defined() ? a.initial_state : a.final_state;
+  const bool state_is_f32 = st.defined() && st.dtype == DType::F32;
+
+  if (plan.segments()) {  // one window: stage 1, segment maps, scan, segments from their starts
+    pp.slot_begin = 0;
+    pp.slot_end = plan.total_slots;
+    check(launch_prepare(pp, plan.prepare_launch(0), ctx, stream), "prepare kernel launch");
+    SegmentMapsParams mp{};
+    static_cast<ChainParams&>(mp) = chain;
+    mp.seg_len = plan.seg_len;
+    mp.max_segs = plan.max_segs;
+    mp.seg_maps = seg_maps;
+    check(launch_segment_maps(mp, plan.segment_maps, ctx, stream), "segment maps launch");
+    ScanParams sp{};
+    sp.seqs = seqs;
+    sp.value_heads = chain.value_heads;
+    sp.seg_len = plan.seg_len;
+    sp.max_segs = plan.max_segs;
+    sp.seg_maps = seg_maps;
+    sp.seg_states = seg_states;
+    sp.initial_state = initial_state;
+    sp.state_is_f32 = state_is_f32;
+    check(launch_segment_scan(sp, plan.segment_scan, ctx, stream), "segment scan launch");
+    SegmentFinishParams fp{};
+    static_cast<ChainParams&>(fp) = chain;
+    fp.seg_len = plan.seg_len;
+    fp.max_segs = plan.max_segs;
+    fp.out = a.out.data;
+    fp.final_state = final_state;
+    fp.state_is_f32 = state_is_f32;
+    fp.seg_states = seg_states;
+    check(launch_segment_finish(fp, plan.segment_finish, ctx, stream), "segment finish launch");
+    return;
+  }
+  // Windows: stage 1 then the window pass of each, records in two alternating buffers. Stage 1
+  // of window w + 1 is the programmatic dependent of window w's pass, which lets it launch once
+  // it has waited for window w - 1 (WindowParams::done_in): stage 1 then runs on the SMs the
+  // pass leaves idle (its one-wave blocks keep their SMs), filling the buffer window w - 1 read.
+  WindowParams rp{};
+  static_cast<ChainParams&>(rp) = chain;
+  rp.out = a.out.data;
+  rp.initial_state = initial_state;
+  rp.final_state = final_state;
+  rp.state_is_f32 = state_is_f32;
+  const size_t window_records = size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes;
+  if (plan.pipelined()) check(cudaMemsetAsync(done, 0, plan.done_bytes, stream), "cudaMemsetAsync (window counts)");
+  for (int64_t w = 0; w < plan.num_windows; ++w) {
+    pp.slot_begin = rp.slot_begin = plan.window_begin(w);
+    pp.slot_end = rp.slot_end = plan.window_end(w);
+    pp.records = records + (w % 2) * window_records;
+    rp.records = pp.records;
+    rp.carry_in = carry + (w % 2) * carry_elems;
+    rp.carry_out = carry + ((w + 1) % 2) * carry_elems;
+    rp.done_in = w > 0 ? done + (w - 1) : nullptr;
+    rp.done_expected = w > 0 ? plan.window_pass_warps : 0;
+    rp.done_out = w + 1 < plan.num_windows ? done + w : nullptr;
+    check(launch_prepare(pp, plan.prepare_launch(w), ctx, stream), "prepare kernel launch");
+    check(launch_window_pass(rp, plan.window_warps, plan.window_pass, ctx, stream), "window pass launch");
+  }
+}
+
+}  // namespace flash_kda::sm90

@@ -1,0 +1,25 @@
+// The sm_90a forward's entry for src/host/forward.cpp: plan, check or obtain the workspace, and
+// execute the plan (launch.cu).
+#pragma once
+
+#include <cstddef>
+
+#include "flash_kda/forward.h"
+
+namespace flash_kda::sm90 {
+
+/// Workspace bytes for a validated problem and validated options (a multiple of 256): the
+/// capacity of plan.h's workspace_layout, from the shape and the forced options alone.
+size_t workspace_bytes(const ProblemShape& p, const LaunchOptions& options);
+
+/// Launches the forward on `stream`. `args` is validated for Target::Sm90 and `options` by
+/// validate_options. With `allocate`, the workspace comes from it (once, after planning; not
+/// called when none is needed) and `workspace`/`have` are ignored. Throws Error ("workspace")
+/// when the workspace holds fewer than workspace_bytes(p, options) bytes or is not a 256-byte
+/// aligned pointer (before any kernel launch), Error ("q") when the tensors' device is not
+/// compute capability 9.0, Error ("launch_options.num_sms") when num_sms exceeds the SMs of the
+/// current context, CudaError on a failed CUDA call.
+void launch_forward(const ForwardArgs& args, const ProblemShape& p, const LaunchOptions& options, void* workspace,
+                    size_t have, const WorkspaceAllocator* allocate, Stream stream);
+
+}  // namespace flash_kda::sm90

@@ -1,0 +1,129 @@
+// The parameter blocks of the forward kernels (what the device reads), and the element offsets
+// of the state buffers. Each state pass has its own block: a pass's type says which one it reads
+// (recurrence_passes.cuh). The plan (plan.h) fills none of them: launch.cu does, from the plan
+// and the call's tensors.
+//
+// The stages, in the record form (docs/kda-spec.md "Record form", common/record.h):
+//   prepare (stage 1, fully parallel): one record per (chunk, value head);
+//   WindowPass: the chunks of a window of slots in order, per sequence, from the initial
+//     state or the carry of the window before; writes out and the final state or the carry;
+//   segment-parallel (one window, few long chains): across a segment of chunks the state map
+//     is affine, X -> X P + Q with X = S^T [V x K], so each sequence is cut into segments:
+//     SegmentMapsPass: P (from X = I with U0 = 0) and Q (from X = 0) of every segment but
+//       the last, no output;
+//     segment_scan: X_0 = the initial state, X_{j+1} = X_j P_j + Q_j, into seg_states;
+//     SegmentFinishPass: every segment from its true start state, writing out and the final
+//       state.
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/common/record.h"
+#include "sm90/common/seq_index.h"
+
+namespace flash_kda::sm90 {
+
+/// Stage 1 parameters. Tensors are the validated, contiguous inputs (bf16 unless noted).
+struct PrepareParams {
+  const void* q;          // [.., H, K]
+  const void* k;          // [.., H, K]
+  const void* g;          // [.., HV, K] bf16 or fp32 (g_is_f32)
+  const void* beta;       // [.., HV]    bf16 or fp32 (beta_is_f32)
+  const float* A_log;     // [HV]
+  const float* dt_bias;   // [HV * K]
+  bool g_is_f32, beta_is_f32;
+  SeqIndex seqs;
+  int heads, value_heads;  // H, HV
+  int group;               // HV / H (the host divides once; a division per block otherwise)
+  float scale, lower_bound;
+  char* records;           // the window's records: [(slot - slot_begin) * HV + hv]
+  int64_t slot_begin, slot_end;
+};
+
+/// What every state pass reads.
+struct ChainParams {
+  const char* records;          // [(slot - slot_begin) * HV + hv] (slot_begin 0 with segments)
+  const void* v;                // bf16 [.., HV, V]: U0 = Av v
+  SeqIndex seqs;
+  int value_heads;              // HV
+};
+
+/// WindowPass: whole sequences, or the part of each that lies in [slot_begin, slot_end).
+struct WindowParams : ChainParams {
+  void* out;                    // bf16 [.., HV, V]
+  const void* initial_state;    // [N, HV, V, K] or nullptr (zero state)
+  void* final_state;            // [N, HV, V, K] or nullptr
+  bool state_is_f32;
+  float* carry_in;              // fp32 [HV, V, K]: state of the sequence crossing slot_begin
+  float* carry_out;             // fp32 [HV, V, K]: state of the sequence crossing slot_end
+  int64_t slot_begin, slot_end;
+  // Pipelined windows: every consumer warp of this grid adds 1 to *done_out once its last read
+  // of the records and its last write (out, carry, final state) are done, and the grid lets the
+  // next kernel (the next window's stage 1) launch early; a grid with done_in waits, past the
+  // programmatic launch wait, for *done_in to reach done_expected (the previous window's grid)
+  // before reading the carry or letting that stage 1 start. Both nullptr otherwise (done_out is
+  // nullptr for the last window).
+  unsigned* done_in;
+  unsigned done_expected;
+  unsigned* done_out;
+};
+
+/// What both segment passes read: seg_len chunks per segment, blockIdx.x = sequence *
+/// max_segs + segment.
+struct SegmentParams : ChainParams {
+  int64_t seg_len;
+  int64_t max_segs;
+};
+
+/// SegmentMapsPass: writes P and Q of every segment but each sequence's last.
+struct SegmentMapsParams : SegmentParams {
+  float* seg_maps;              // fp32 [N][max_segs - 1][HV][2][V][K]: P then Q of segment j
+};
+
+/// SegmentFinishPass: every segment from the start state the scan made for it.
+struct SegmentFinishParams : SegmentParams {
+  void* out;                    // bf16 [.., HV, V]
+  void* final_state;            // [N, HV, V, K] or nullptr
+  bool state_is_f32;
+  const float* seg_states;      // fp32 [N][max_segs][HV][V][K]: state entering segment j
+};
+
+/// Segment scan parameters (segment_scan.cu).
+struct ScanParams {
+  SeqIndex seqs;
+  int value_heads;
+  int64_t seg_len, max_segs;
+  const float* seg_maps;
+  float* seg_states;
+  const void* initial_state;  // [N, HV, V, K] or nullptr (zero state)
+  bool state_is_f32;
+};
+
+/// Bytes of one fp32 [V][K] state.
+inline constexpr int64_t kStateBytes = int64_t(kHeadDim) * kHeadDim * 4;
+
+#if defined(__CUDACC__)
+#define FKDA_OFFSET_FN __host__ __device__ constexpr
+#else
+#define FKDA_OFFSET_FN constexpr
+#endif
+
+/// Element offset of the [V][K] state of (sequence n, value head hv) in initial_state /
+/// final_state ([N, HV, V, K]); HV value heads.
+FKDA_OFFSET_FN int64_t state_offset(int64_t n, int64_t hv, int64_t HV) {
+  return (n * HV + hv) * (kHeadDim * kHeadDim);
+}
+
+/// Element offsets in the segment buffers (layouts above): the state entering segment j of
+/// (sequence n, value head hv) in seg_states, and that segment's map `part` (0: P, 1: Q) in
+/// seg_maps; HV value heads, max_segs segments per sequence.
+FKDA_OFFSET_FN int64_t seg_state_offset(int64_t n, int64_t j, int64_t hv, int64_t max_segs, int64_t HV) {
+  return ((n * max_segs + j) * HV + hv) * (kHeadDim * kHeadDim);
+}
+FKDA_OFFSET_FN int64_t seg_map_offset(int64_t n, int64_t j, int64_t hv, int part, int64_t max_segs, int64_t HV) {
+  return (((n * (max_segs - 1) + j) * HV + hv) * 2 + part) * (kHeadDim * kHeadDim);
+}
+
+#undef FKDA_OFFSET_FN
+
+}  // namespace flash_kda::sm90

@@ -1,0 +1,102 @@
+// The launch plan of the sm_90a forward: every launch decision of a call in one value, made by
+// one host function (make_plan) from the problem, the device's properties and the caller's
+// LaunchOptions. launch.cu only executes it. Host code: unit-tested without a GPU
+// (tests/cpp/test_sm90_plan.cpp).
+//
+// Why the workspace depends on the shape alone. forward_workspace_size is called before the
+// caller picks a device or a partition of one (a green context, an MPS limit), but the plan's
+// choices depend on the SM count: segments are taken only when num_sms / pairs >= 8, pipelined
+// windows only when the state pass leaves >= 32 SMs idle, and a device with fewer SMs can choose
+// pipelining where 132 SMs choose segments, or the other way round. So the workspace is not the
+// plan's buffers but a capacity (workspace_layout): each buffer sized for the largest any plan
+// for this shape and these forced options can choose on any sm_90 part (1 to kMaxSms SMs: the
+// largest part, the H100/H200 SXM, has 132), at offsets that do not move with the plan.
+// Every plan's buffers then fit (plan_fits; tested for every SM count 1..132), so a workspace
+// sized once serves every device and partition. A device reporting more than kMaxSms SMs is
+// planned for kMaxSms: its extra SMs stay idle in the one-wave decisions, and nothing outgrows
+// the capacity.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flash_kda/forward.h"
+#include "sm90/common/device_props.h"
+#include "sm90/common/kernel_launch.h"
+
+namespace flash_kda::sm90 {
+
+/// The most SMs of any sm_90 part; the plan never plans for more (see above).
+inline constexpr int kMaxSms = 132;
+
+/// What a plan is made from. device.num_sms is the count of the current context; options.num_sms,
+/// when set, replaces it (after validate_device_options).
+struct PlanInput {
+  ProblemShape shape;
+  DeviceProps device;
+  LaunchOptions options;
+};
+
+/// Every launch decision of one forward call (counts of chunk slots are 16-token slots).
+///
+/// Windows: total_slots = N + ceil(T_total / 16) (common/seq_index.h) cut into num_windows
+/// windows of window_slots; with several windows ("pipelined"), stage 1 of window w + 1 fills one
+/// of two record buffers while the state pass of window w reads the other, the state of the
+/// sequence crossing a window boundary goes through two fp32 carry buffers, and one uint32
+/// completion count per window orders them (WindowParams::done_in/done_out).
+/// Segments (seg_len > 0, one window only): seg_len chunks per segment, at most max_segs
+/// segments per sequence, the maps and the start state of every segment in fp32.
+struct Plan {
+  int num_sms = 0;  // SMs planned for: options.num_sms or the device's, at most kMaxSms
+  int64_t total_slots = 0, window_slots = 0, num_windows = 0;
+  int64_t seg_len = 0, max_segs = 1;
+  int window_warps = 8;  // warps per block of the window pass (4 or 8)
+
+  // Buffer bytes this plan uses (each within workspace_layout's capacity).
+  size_t records_bytes = 0, carry_bytes = 0, done_bytes = 0;
+  size_t seg_maps_bytes = 0, seg_states_bytes = 0;
+
+  // Launches. prepare is window 0's (prepare_launch(w) gives every window's); window_pass is the
+  // same for every window; the segment launches are set only when seg_len > 0.
+  KernelLaunch prepare, window_pass;
+  unsigned window_pass_warps = 0;  // consumer warps of window_pass's grid: what done_out reaches
+  KernelLaunch segment_maps, segment_scan, segment_finish;
+
+  bool segments() const { return seg_len > 0; }
+  bool pipelined() const { return num_windows > 1; }
+  int64_t window_begin(int64_t w) const { return w * window_slots; }
+  int64_t window_end(int64_t w) const {
+    const int64_t e = window_begin(w) + window_slots;
+    return e < total_slots ? e : total_slots;
+  }
+  /// Stage 1 of window w: one block per slot of the window; window w > 0 of a pipelined call is
+  /// the programmatic dependent of window w - 1's state pass, so that it runs beside it.
+  KernelLaunch prepare_launch(int64_t w) const;
+};
+
+/// Checks the options that need no device: num_sms >= 0, window_slots >= 0, segments >= 0,
+/// recurrence_warps in {0, 4, 8}. Throws Error("launch_options.<field>", ...).
+void validate_options(const LaunchOptions& options);
+/// Checks options.num_sms <= device.num_sms (the SMs of the current context). Throws
+/// Error("launch_options.num_sms", ...).
+void validate_device_options(const LaunchOptions& options, const DeviceProps& device);
+
+/// The plan for a validated problem and validated options.
+Plan make_plan(const PlanInput& in);
+
+/// Shared-memory properties of every sm_90 part (228 KB per SM, 227 KB per block, 1 KB reserved
+/// per block) with `num_sms` SMs: the device the tests and the capacity plan for.
+DeviceProps sm90_device(int num_sms);
+
+/// The workspace: byte offset and capacity of each buffer (256-byte aligned, records at 0), and
+/// the total, from the shape and the forced options alone (see the file comment).
+struct WorkspaceLayout {
+  size_t records_cap = 0, carry_cap = 0, seg_maps_cap = 0, seg_states_cap = 0, done_cap = 0;
+  size_t carry = 0, seg_maps = 0, seg_states = 0, done = 0, total = 0;  // offsets; total bytes
+};
+WorkspaceLayout workspace_layout(const ProblemShape& shape, const LaunchOptions& options);
+
+/// Whether every buffer of `plan` fits its capacity in `layout`.
+bool plan_fits(const Plan& plan, const WorkspaceLayout& layout);
+
+}  // namespace flash_kda::sm90
