@@ -77,6 +77,8 @@ class DeviceTensor {
 struct Case {
   std::string name;
   KdaConfig config;
+  flash_kda::LaunchOptions options{};  // forced plan choices (the function computed is the same)
+  bool use_allocator = false;          // forward(args, allocate, stream, options)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -109,12 +111,26 @@ TEST_P(ForwardGpu, MatchesReference) {
   flash_kda::ForwardArgs a = prob.args();
   flash_kda::testing::set_views(a, q, k, v, g, beta, out, A_log, dt_bias, cu, h0, ht);
 
-  const size_t ws_bytes = flash_kda::forward_workspace_size(a);
+  const flash_kda::LaunchOptions& options = GetParam().options;
+  const size_t ws_bytes = flash_kda::forward_workspace_size(a, options);
   void* ws = nullptr;
-  ASSERT_EQ(cudaMalloc(&ws, ws_bytes ? ws_bytes : 1), cudaSuccess);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  flash_kda::forward(a, ws, ws_bytes, stream);
+  if (GetParam().use_allocator) {
+    size_t asked = 0;
+    flash_kda::forward(
+        a,
+        [&](size_t bytes) {
+          asked = bytes;
+          EXPECT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+          return ws;
+        },
+        stream, options);
+    EXPECT_EQ(asked, ws_bytes);
+  } else {
+    ASSERT_EQ(cudaMalloc(&ws, ws_bytes ? ws_bytes : 1), cudaSuccess);
+    flash_kda::forward(a, ws, ws_bytes, stream, options);
+  }
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaStreamDestroy(stream);
   cudaFree(ws);
@@ -164,9 +180,78 @@ Case gva_fp32_state() {  // value head hv reads q/k head hv / (HV / H)
   return c;
 }
 
+// Each plan path through LaunchOptions: windows (pipelined, carried state), segments, both block
+// widths, and the plans of the H100 PCIe (114 SMs) and the H20 (78 SMs) on one GPU: 16 heads of
+// 8192 tokens take segments on 132 SMs and pipelined windows on 114 and 78.
+Case with_options(Case c, const std::string& suffix, flash_kda::LaunchOptions o, bool use_allocator = false) {
+  c.name += "_" + suffix;
+  c.options = o;
+  c.use_allocator = use_allocator;
+  return c;
+}
+flash_kda::LaunchOptions opts(int num_sms, int64_t window_slots, int segments, int warps) {
+  flash_kda::LaunchOptions o;
+  o.num_sms = num_sms;
+  o.window_slots = window_slots;
+  o.segments = segments;
+  o.recurrence_warps = warps;
+  return o;
+}
+Case long_h16() {
+  Case c{"fixed_T8192_H16_fp32", {}};
+  c.config.batch = 1;
+  c.config.seqlen = 8192;
+  c.config.heads = c.config.value_heads = 16;
+  c.config.state_dtype = DType::F32;
+  return c;
+}
+Case long_h2() {
+  Case c{"fixed_B2_T1000_H2_fp32", {}};
+  c.config.batch = 2;
+  c.config.seqlen = 1000;
+  c.config.heads = c.config.value_heads = 2;
+  c.config.state_dtype = DType::F32;
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(Sm90, ForwardGpu,
-                         ::testing::Values(fixed_fp32_state(), varlen_bf16_state(), no_state(), gva_fp32_state()),
+                         ::testing::Values(fixed_fp32_state(), varlen_bf16_state(), no_state(), gva_fp32_state(),
+                                           with_options(varlen_bf16_state(), "windows3", opts(0, 3, 0, 0)),
+                                           with_options(gva_fp32_state(), "windows2_warps8", opts(0, 2, 0, 8)),
+                                           with_options(long_h2(), "segments4", opts(0, 0, 4, 0)),
+                                           with_options(long_h2(), "segments4_allocator", opts(0, 0, 4, 0), true),
+                                           with_options(long_h2(), "warps4", opts(0, 0, 1, 4)),
+                                           with_options(long_h2(), "warps8", opts(0, 0, 1, 8)),
+                                           long_h16(), with_options(long_h16(), "sms114", opts(114, 0, 0, 0)),
+                                           with_options(long_h16(), "sms78", opts(78, 0, 0, 0), true)),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// LaunchOptions::num_sms above the SMs of the current context is a named error before any launch.
+TEST(ForwardGpuOptions, TooManySmsIsANamedError) {
+  const std::string why = gpu_skip_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  KdaConfig cfg = fixed_fp32_state().config;
+  cfg.head_dim_k = cfg.head_dim_v = 128;
+  cfg.input_dtype = DType::BF16;
+  cfg.out_dtype = DType::BF16;
+  auto prob = make_random_problem(cfg);
+  DeviceTensor q(prob.q), k(prob.k), v(prob.v), g(prob.g), beta(prob.beta), A_log(prob.A_log),
+      dt_bias(prob.dt_bias), cu(prob.cu_seqlens), h0(prob.initial_state), ht(prob.final_state), out(prob.out);
+  flash_kda::ForwardArgs a = prob.args();
+  flash_kda::testing::set_views(a, q, k, v, g, beta, out, A_log, dt_bias, cu, h0, ht);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  flash_kda::LaunchOptions o;
+  o.num_sms = sms + 1;
+  bool allocated = false;
+  try {
+    flash_kda::forward(a, [&](size_t) -> void* { allocated = true; return nullptr; }, nullptr, o);
+    FAIL() << "expected flash_kda::Error";
+  } catch (const flash_kda::Error& e) {
+    EXPECT_EQ(e.argument(), "launch_options.num_sms");
+  }
+  EXPECT_FALSE(allocated);
+}
 
 }  // namespace
 #endif  // FLASH_KDA_WITH_CUDA

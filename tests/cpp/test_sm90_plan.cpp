@@ -1,160 +1,351 @@
-// The sm_90a launch plan (src/sm90/plan.h) on the host: windows, segments and workspace parts
-// for the benchmark's shapes and the edge cases, and the test knobs. No GPU needed.
+// The sm_90a launch plan (src/sm90/forward/plan.h) on the host: windows, segments, pipelining,
+// block widths, grids and shared-memory reservations for the benchmark's shapes at 132, 114 and
+// 78 SMs (H100/H200 SXM, H100 PCIe, H20), the forced options, and the workspace capacity against
+// every plan for every SM count 1..132. No GPU needed.
 #if defined(FLASH_KDA_WITH_CUDA)
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
+#include <vector>
 
-#include "sm90/params.h"
-#include "sm90/plan.h"
+#include "sm90/common/record.h"
+#include "sm90/forward/kernel_shapes.h"
+#include "sm90/forward/params.h"
+#include "sm90/forward/plan.h"
 
 namespace {
 
+using flash_kda::LaunchOptions;
 using flash_kda::ProblemShape;
+using flash_kda::sm90::kRecordBytes;
 using flash_kda::sm90::kStateBytes;
-using flash_kda::sm90::make_plan;
 using flash_kda::sm90::Plan;
+using flash_kda::sm90::WorkspaceLayout;
 
-ProblemShape shape(int64_t batch, int64_t T, int64_t heads, int64_t num_seqs = -1) {
+ProblemShape shape(int64_t batch, int64_t T, int64_t heads, int64_t num_seqs = -1, int64_t value_heads = -1) {
   ProblemShape p;
   p.batch = batch;
   p.seqlen = T;
   p.num_seqs = num_seqs < 0 ? batch : num_seqs;
   p.varlen = num_seqs >= 0;
-  p.heads = p.value_heads = heads;
+  p.heads = heads;
+  p.value_heads = value_heads < 0 ? heads : value_heads;
   p.head_dim_k = p.head_dim_v = 128;
   p.scale = 0.088;
   return p;
 }
 
-// Each test starts without the knobs and leaves them as it found them (the GPU tests of the
-// same executable read them).
-struct Sm90Plan : ::testing::Test {
-  static constexpr const char* kKnobs[] = {"FLASH_KDA_SM90_SEGMENTS", "FLASH_KDA_SM90_WINDOW_SLOTS"};
-  std::string saved[2];
-  bool was_set[2] = {false, false};
-  void SetUp() override {
-    for (int i = 0; i < 2; ++i) {
-      if (const char* v = std::getenv(kKnobs[i])) { saved[i] = v; was_set[i] = true; }
-      unsetenv(kKnobs[i]);
-    }
-  }
-  void TearDown() override {
-    for (int i = 0; i < 2; ++i) {
-      if (was_set[i]) setenv(kKnobs[i], saved[i].c_str(), 1); else unsetenv(kKnobs[i]);
-    }
-  }
-};
+Plan plan_for(const ProblemShape& p, int sms = 132, LaunchOptions o = {}) {
+  return flash_kda::sm90::make_plan({p, flash_kda::sm90::sm90_device(sms), o});
+}
+LaunchOptions with_segments(int s) { LaunchOptions o; o.segments = s; return o; }
+LaunchOptions with_windows(int64_t w) { LaunchOptions o; o.window_slots = w; return o; }
+std::string name(const ProblemShape& p) {
+  return std::to_string(p.num_seqs) + " seqs x " + std::to_string(p.seqlen) + " x " + std::to_string(p.value_heads);
+}
 
-TEST_F(Sm90Plan, FewHeadsLongSequencesTakeSegments) {
-  const Plan h4 = make_plan(shape(1, 65536, 4));
+TEST(Sm90Plan, FewHeadsLongSequencesTakeSegments) {
+  const Plan h4 = plan_for(shape(1, 65536, 4));
   EXPECT_EQ(h4.num_windows, 1);
   EXPECT_EQ(h4.max_segs, 16);  // 132 SMs / 4 (sequence, head) pairs = 33, capped at 16
   EXPECT_EQ(h4.seg_len, 256);  // 4096 chunks / 16
   EXPECT_EQ(h4.seg_maps_bytes, size_t(2) * 15 * 4 * kStateBytes);
   EXPECT_EQ(h4.seg_states_bytes, size_t(16) * 4 * kStateBytes);
-  const Plan h8 = make_plan(shape(1, 32768, 8));
+  const Plan h8 = plan_for(shape(1, 32768, 8));
   EXPECT_EQ(h8.max_segs, 16);
   EXPECT_EQ(h8.seg_len, 128);
-  const Plan h16 = make_plan(shape(1, 8192, 16));
+  const Plan h16 = plan_for(shape(1, 8192, 16));
   EXPECT_EQ(h16.max_segs, 8);
   EXPECT_EQ(h16.seg_len, 64);
   // Fixed length: every sequence has ceil(T / 16) chunks (4081 tokens: 256), not
   // ceil(B * T / 16) / B (511 / 2 = 255, which would fall below 8 segments of 32).
-  const Plan b2 = make_plan(shape(2, 4081, 4));
+  const Plan b2 = plan_for(shape(2, 4081, 4));
   EXPECT_EQ(b2.max_segs, 8);
   EXPECT_EQ(b2.seg_len, 32);
 }
 
-TEST_F(Sm90Plan, WideOrShortProblemsDoNot) {
+TEST(Sm90Plan, WideOrShortProblemsDoNot) {
   for (const ProblemShape& p : {shape(1, 8192, 32), shape(1, 8192, 96), shape(1, 1024, 4), shape(1, 512, 96),
                                 shape(16, 2048, 32), shape(1, 8192, 96, 6)}) {
-    const Plan plan = make_plan(p);
-    EXPECT_EQ(plan.seg_len, 0) << p.num_seqs << " x " << p.seqlen << " x " << p.value_heads;
+    const Plan plan = plan_for(p);
+    EXPECT_EQ(plan.seg_len, 0) << name(p);
     EXPECT_EQ(plan.seg_maps_bytes + plan.seg_states_bytes, 0u);
   }
   // Varlen: 16 sequences of 512 tokens with one head are short on average, whatever T_total.
-  EXPECT_EQ(make_plan(shape(1, 16 * 512, 1, 16)).seg_len, 0);
+  EXPECT_EQ(plan_for(shape(1, 16 * 512, 1, 16)).seg_len, 0);
 }
 
-TEST_F(Sm90Plan, VarlenSegmentsBoundTheLongestSequence) {
+TEST(Sm90Plan, VarlenSegmentsBoundTheLongestSequence) {
   // 2 sequences (30000 + 2000 tokens) x 4 heads: T_total bounds every sequence's chunks.
-  const Plan plan = make_plan(shape(1, 32000, 4, 2));
+  const Plan plan = plan_for(shape(1, 32000, 4, 2));
   ASSERT_GT(plan.seg_len, 0);
   EXPECT_GE(plan.seg_len * plan.max_segs, (32000 + 15) / 16);
 }
 
-TEST_F(Sm90Plan, ForcedSegmentsAreCappedAndOneTurnsThemOff) {
-  setenv("FLASH_KDA_SM90_SEGMENTS", "1000000", 1);
-  const Plan capped = make_plan(shape(1, 100, 2));  // 7 chunks
+TEST(Sm90Plan, ForcedSegmentsAreCappedAndOneTurnsThemOff) {
+  const Plan capped = plan_for(shape(1, 100, 2), 132, with_segments(1000000));  // 7 chunks
   EXPECT_EQ(capped.seg_len, 1);
   EXPECT_EQ(capped.max_segs, 7);
-  setenv("FLASH_KDA_SM90_SEGMENTS", "1", 1);
-  EXPECT_EQ(make_plan(shape(1, 65536, 4)).seg_len, 0);
-  setenv("FLASH_KDA_SM90_SEGMENTS", "3", 1);
-  const Plan three = make_plan(shape(2, 1000, 2));  // 63 chunks per sequence
+  EXPECT_EQ(plan_for(shape(1, 65536, 4), 132, with_segments(1)).seg_len, 0);
+  const Plan three = plan_for(shape(2, 1000, 2), 132, with_segments(3));  // 63 chunks per sequence
   EXPECT_EQ(three.seg_len, 21);
   EXPECT_EQ(three.max_segs, 3);
-  EXPECT_EQ(make_plan(shape(2, 0, 2)).seg_len, 0);  // nothing to cut
+  EXPECT_EQ(plan_for(shape(2, 0, 2), 132, with_segments(3)).seg_len, 0);  // nothing to cut
 }
 
-TEST_F(Sm90Plan, SegmentsNeedOneWindow) {
-  setenv("FLASH_KDA_SM90_WINDOW_SLOTS", "3", 1);
-  setenv("FLASH_KDA_SM90_SEGMENTS", "4", 1);
-  const Plan plan = make_plan(shape(1, 1000, 2));
+TEST(Sm90Plan, SegmentsNeedOneWindow) {
+  LaunchOptions o;
+  o.window_slots = 3;
+  o.segments = 4;
+  const Plan plan = plan_for(shape(1, 1000, 2), 132, o);
   EXPECT_GT(plan.num_windows, 1);
   EXPECT_EQ(plan.seg_len, 0);
   EXPECT_GT(plan.carry_bytes, 0u);
 }
 
-TEST_F(Sm90Plan, WindowsCoverEverySlot) {
+TEST(Sm90Plan, WindowsCoverEverySlot) {
   for (int64_t forced : {1, 3, 7, 64}) {
-    setenv("FLASH_KDA_SM90_WINDOW_SLOTS", std::to_string(forced).c_str(), 1);
     const ProblemShape p = shape(1, 5000, 3, 7);
-    const Plan plan = make_plan(p);
+    const Plan plan = plan_for(p, 132, with_windows(forced));
     EXPECT_EQ(plan.total_slots, 7 + (5000 + 15) / 16);
     EXPECT_EQ(plan.window_slots, forced);
     EXPECT_GE(plan.window_slots * plan.num_windows, plan.total_slots);
     EXPECT_LT(plan.window_slots * (plan.num_windows - 1), plan.total_slots);
+    EXPECT_EQ(plan.window_end(plan.num_windows - 1), plan.total_slots);
     // Several windows: two record buffers, stage 1 of one window filling one while the
-    // recurrence of the window before reads the other.
+    // state pass of the window before reads the other.
     const size_t buffers = plan.num_windows > 1 ? 2 : 1;
-    EXPECT_EQ(plan.records_bytes, buffers * size_t(forced) * 3 * flash_kda::sm90::kRecordBytes);
+    EXPECT_EQ(plan.records_bytes, buffers * size_t(forced) * 3 * kRecordBytes);
     EXPECT_EQ(plan.done_bytes, plan.num_windows > 1 ? size_t(plan.num_windows) * 4 : 0u);
+    // Stage 1: one block per slot of each window; windows after the first are the programmatic
+    // dependents of the pass before.
+    int64_t blocks = 0;
+    for (int64_t w = 0; w < plan.num_windows; ++w) {
+      const auto k = plan.prepare_launch(w);
+      blocks += k.grid_x;
+      EXPECT_EQ(k.grid_y, 3u);
+      EXPECT_EQ(k.dependent, w > 0);
+    }
+    EXPECT_EQ(blocks, plan.total_slots);
   }
 }
 
-TEST_F(Sm90Plan, LongChainsThatLeaveSMsIdleArePipelined) {
-  // 256+ chunks a chain and a recurrence grid that leaves 32+ of 132 SMs idle (96 blocks of two
-  // warpgroups, 64 of one): three windows, so that stage 1 of each runs beside the recurrence of
-  // the one before.
+TEST(Sm90Plan, LongChainsThatLeaveSMsIdleArePipelined) {
+  // 256+ chunks a chain and a state pass that leaves 32+ of 132 SMs idle (96 blocks of two
+  // warpgroups, 64 of one): three windows, so that stage 1 of each runs beside the pass of the
+  // one before.
   for (const ProblemShape& p : {shape(1, 8192, 96), shape(1, 8192, 32), shape(1, 4096, 100)}) {
-    const Plan plan = make_plan(p);
+    const Plan plan = plan_for(p);
     const int64_t slots = 1 + p.seqlen / 16;
     EXPECT_EQ(plan.num_windows, 3) << p.value_heads;
     EXPECT_EQ(plan.window_slots, (slots + 2) / 3);
-    EXPECT_EQ(plan.records_bytes, 2 * size_t(plan.window_slots) * size_t(p.value_heads) * flash_kda::sm90::kRecordBytes);
+    EXPECT_EQ(plan.records_bytes, 2 * size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes);
     EXPECT_GT(plan.carry_bytes, 0u);
     EXPECT_EQ(plan.done_bytes, 3 * sizeof(uint32_t));
     EXPECT_EQ(plan.seg_len, 0);
+    // A pipelined window keeps its SMs: the exclusive reservation.
+    EXPECT_EQ(plan.window_pass.smem_bytes, 200 * 1024);
+    EXPECT_TRUE(plan.window_pass.dependent);
+    EXPECT_EQ(plan.window_pass_warps, plan.window_pass.blocks() * unsigned(plan.window_warps));
   }
   // Short chains, chains that take segments, more chains than SMs, and grids that leave too few
   // SMs idle (64 pairs: 128 single-warpgroup blocks; 101 pairs: 101 blocks) keep one window.
   for (const ProblemShape& p : {shape(1, 512, 96), shape(1, 1024, 4), shape(16, 2048, 32), shape(1, 8192, 96, 6),
                                 shape(1, 8192, 96, 8), shape(1, 65536, 4), shape(1, 8192, 16), shape(1, 8192, 64),
                                 shape(1, 8192, 101), shape(1, 4000, 96)}) {
-    const Plan plan = make_plan(p);
-    EXPECT_EQ(plan.num_windows, 1) << p.num_seqs << " x " << p.seqlen << " x " << p.value_heads;
+    const Plan plan = plan_for(p);
+    EXPECT_EQ(plan.num_windows, 1) << name(p);
     EXPECT_EQ(plan.carry_bytes + plan.done_bytes, 0u);
   }
 }
 
-TEST_F(Sm90Plan, RecordBudgetHoldsForManyHeads) {
+TEST(Sm90Plan, BlockWidthAndReservations) {
+  // 32 pairs on 132 SMs: 64 single-warpgroup blocks (with the producer warp: 160 threads).
+  const Plan h32 = plan_for(shape(1, 1024, 32));
+  EXPECT_EQ(h32.window_warps, 4);
+  EXPECT_EQ(h32.window_pass.grid_x, 1u);
+  EXPECT_EQ(h32.window_pass.grid_y, 32u);
+  EXPECT_EQ(h32.window_pass.grid_z, 2u);
+  EXPECT_EQ(h32.window_pass.block, 160u);
+  EXPECT_EQ(h32.window_pass.smem_bytes, 116 * 1024);  // one wave, not pipelined: one block per SM
+  EXPECT_EQ(h32.window_pass.smem_attr, 200 * 1024);
+  // 96 pairs: one block of two warpgroups each.
+  const Plan h96 = plan_for(shape(1, 512, 96));
+  EXPECT_EQ(h96.window_warps, 8);
+  EXPECT_EQ(h96.window_pass.block, 256u);
+  EXPECT_EQ(h96.window_pass.grid_z, 1u);
+  // More blocks than SMs: only what the layout needs.
+  const Plan wide = plan_for(shape(16, 2048, 32));
+  EXPECT_GT(wide.window_pass.blocks(), 132u);
+  EXPECT_EQ(wide.window_pass.smem_bytes, flash_kda::sm90::RecurrenceSmem<8>::kBytes);
+  // Forced block width.
+  LaunchOptions o;
+  o.recurrence_warps = 8;
+  EXPECT_EQ(plan_for(shape(1, 1024, 32), 132, o).window_warps, 8);
+  // Segments: 8-warp blocks; maps twice the column blocks (P and Q), the first launch a
+  // programmatic dependent of stage 1, the scan one block per 16 rows.
+  const Plan seg = plan_for(shape(1, 65536, 4));
+  ASSERT_TRUE(seg.segments());
+  EXPECT_EQ(seg.segment_maps.grid_x, 16u);
+  EXPECT_EQ(seg.segment_maps.grid_z, 2u);
+  EXPECT_EQ(seg.segment_finish.grid_z, 1u);
+  EXPECT_TRUE(seg.segment_maps.dependent);
+  EXPECT_FALSE(seg.segment_finish.dependent);
+  EXPECT_FALSE(seg.segment_scan.dependent);
+  EXPECT_EQ(seg.segment_scan.grid_z, 8u);
+  EXPECT_EQ(seg.segment_scan.block, 256u);
+  EXPECT_EQ(seg.segment_finish.smem_bytes, 116 * 1024);  // 64 blocks: one wave
+  EXPECT_EQ(seg.segment_maps.smem_bytes, 116 * 1024);    // 128 blocks: one wave on 132
+  EXPECT_EQ(plan_for(shape(1, 65536, 4), 114).segment_maps.smem_bytes,
+            flash_kda::sm90::RecurrenceSmem<8>::kBytes);  // 128 blocks on 114 SMs: two waves
+  // Shared memory unlike every sm_90 part's: no reservations.
+  flash_kda::sm90::DeviceProps odd = flash_kda::sm90::sm90_device(132);
+  odd.smem_per_block_optin = 160 * 1024;
+  const Plan small = flash_kda::sm90::make_plan({shape(1, 1024, 32), odd, {}});
+  EXPECT_EQ(small.window_pass.smem_bytes, flash_kda::sm90::RecurrenceSmem<4>::kBytes);
+  EXPECT_EQ(small.window_pass.smem_attr, flash_kda::sm90::RecurrenceSmem<4>::kBytes);
+}
+
+// The same shapes on the H100 PCIe (114 SMs) and the H20 (78): the decisions follow the SM count.
+TEST(Sm90Plan, DecisionsFollowTheSmCount) {
+  // 16 heads x 8192: 132 / 16 = 8 segments; 114 / 16 = 7 and 78 / 16 = 4 are too few, and the
+  // 32 single-warpgroup blocks leave >= 32 SMs idle: pipelined windows instead.
+  const ProblemShape h16 = shape(1, 8192, 16);
+  EXPECT_TRUE(plan_for(h16, 132).segments());
+  for (int sms : {114, 78}) {
+    const Plan plan = plan_for(h16, sms);
+    EXPECT_FALSE(plan.segments()) << sms;
+    EXPECT_EQ(plan.num_windows, 3) << sms;
+    EXPECT_EQ(plan.window_warps, 4) << sms;
+  }
+  // 4 heads x 65536: segments everywhere, fewer where there are fewer SMs.
+  EXPECT_EQ(plan_for(shape(1, 65536, 4), 114).max_segs, 16);  // 114 / 4 = 28 -> 16
+  EXPECT_EQ(plan_for(shape(1, 65536, 4), 78).max_segs, 16);   // 78 / 4 = 19 -> 16
+  EXPECT_EQ(plan_for(shape(1, 65536, 8), 78).max_segs, 9);    // 78 / 8 = 9
+  EXPECT_EQ(plan_for(shape(1, 65536, 8), 132).max_segs, 16);
+  // 32 heads x 8192: 64 single-warpgroup blocks, pipelined on 132 and 114 SMs (68 / 50 left
+  // idle); on 78 they leave 14 idle: one window.
+  EXPECT_EQ(plan_for(shape(1, 8192, 32), 132).num_windows, 3);
+  EXPECT_EQ(plan_for(shape(1, 8192, 32), 114).num_windows, 3);
+  EXPECT_EQ(plan_for(shape(1, 8192, 32), 78).num_windows, 1);
+  EXPECT_EQ(plan_for(shape(1, 8192, 32), 78).window_warps, 4);
+  // 96 heads x 8192: 8-warp blocks everywhere; pipelined only where 96 blocks leave 32 idle.
+  EXPECT_EQ(plan_for(shape(1, 8192, 96), 132).num_windows, 3);
+  EXPECT_EQ(plan_for(shape(1, 8192, 96), 114).num_windows, 1);
+  EXPECT_EQ(plan_for(shape(1, 8192, 96), 78).num_windows, 1);
+  // Block width: 4 warps while twice the pairs fit the SMs.
+  EXPECT_EQ(plan_for(shape(1, 1024, 48), 132).window_warps, 4);
+  EXPECT_EQ(plan_for(shape(1, 1024, 48), 78).window_warps, 8);
+  EXPECT_EQ(plan_for(shape(1, 1024, 39), 78).window_warps, 4);
+  // One wave or not, by the planned SM count.
+  EXPECT_EQ(plan_for(shape(1, 512, 96), 132).window_pass.smem_bytes, 116 * 1024);
+  EXPECT_EQ(plan_for(shape(1, 512, 96), 78).window_pass.smem_bytes, flash_kda::sm90::RecurrenceSmem<8>::kBytes);
+  // More SMs than any sm_90 part: planned as 132.
+  EXPECT_EQ(plan_for(h16, 1000).num_sms, 132);
+  EXPECT_TRUE(plan_for(h16, 1000).segments());
+  // LaunchOptions::num_sms replaces the device's count.
+  LaunchOptions o;
+  o.num_sms = 78;
+  EXPECT_EQ(plan_for(h16, 132, o).num_sms, 78);
+  EXPECT_FALSE(plan_for(h16, 132, o).segments());
+}
+
+TEST(Sm90Plan, RecordBudgetHoldsForManyHeads) {
   // 1M tokens x 96 heads: windows keep the records near 2 GiB.
-  const Plan plan = make_plan(shape(1, (int64_t(1) << 20) + 3, 96, 64));
+  const Plan plan = plan_for(shape(1, (int64_t(1) << 20) + 3, 96, 64));
   EXPECT_GT(plan.num_windows, 1);
   EXPECT_LE(plan.records_bytes, size_t(2) << 30);
+}
+
+// The workspace is sized from the shape alone: every plan for every SM count an sm_90 part can
+// have (and beyond, clamped) fits it, across fixed / varlen, 1..128 heads, GVA, 0..1M tokens and
+// the forced options.
+TEST(Sm90Plan, WorkspaceCapacityCoversEverySmCount) {
+  std::vector<ProblemShape> shapes;
+  for (int64_t heads : {1, 2, 3, 4, 5, 8, 12, 16, 20, 24, 32, 40, 48, 50, 51, 64, 66, 96, 100, 101, 128})
+    for (int64_t T : {int64_t(0), int64_t(1), int64_t(17), int64_t(512), int64_t(1024), int64_t(4081), int64_t(4096),
+                      int64_t(8192), int64_t(32768), int64_t(65536), int64_t(1) << 20}) {
+      shapes.push_back(shape(1, T, heads));
+      if (T <= 65536) shapes.push_back(shape(2, T, heads));
+      if (T >= 17) shapes.push_back(shape(1, T, heads, 7));                 // varlen, 7 sequences
+      if (heads <= 32) shapes.push_back(shape(1, T, heads, -1, 4 * heads));  // GVA
+    }
+  std::vector<LaunchOptions> options(1);
+  for (int w : {4, 8}) { LaunchOptions o; o.recurrence_warps = w; options.push_back(o); }
+  options.push_back(with_segments(1));
+  options.push_back(with_segments(5));
+  options.push_back(with_windows(3));
+  { LaunchOptions o; o.window_slots = 100000; o.segments = 16; options.push_back(o); }
+  int64_t checked = 0;
+  for (const ProblemShape& p : shapes)
+    for (const LaunchOptions& o : options) {
+      const WorkspaceLayout at = flash_kda::sm90::workspace_layout(p, o);
+      EXPECT_EQ(at.total % 256, 0u);
+      bool any_segments = false, any_pipelined = false;
+      for (int sms = 1; sms <= 140; ++sms) {
+        const Plan plan = plan_for(p, sms, o);
+        any_segments |= plan.segments();
+        any_pipelined |= plan.pipelined();
+        ASSERT_TRUE(flash_kda::sm90::plan_fits(plan, at))
+            << name(p) << " on " << sms << " SMs (warps " << o.recurrence_warps << ", segments " << o.segments
+            << ", windows " << o.window_slots << "): records " << plan.records_bytes << " / " << at.records_cap
+            << ", carry " << plan.carry_bytes << " / " << at.carry_cap << ", maps " << plan.seg_maps_bytes << " / "
+            << at.seg_maps_cap << ", states " << plan.seg_states_bytes << " / " << at.seg_states_cap << ", done "
+            << plan.done_bytes << " / " << at.done_cap;
+        ++checked;
+      }
+      // The capacity holds segment buffers only where some SM count takes segments.
+      if (!any_segments) EXPECT_EQ(at.seg_maps_cap + at.seg_states_cap, 0u) << name(p);
+      (void)any_pipelined;
+    }
+  EXPECT_GT(checked, 100000);
+}
+
+// The capacity at 132 SMs is today's workspace plus, where a smaller part could pipeline instead
+// of taking segments, the carry: the case the H20 and H100 PCIe need.
+TEST(Sm90Plan, CapacityCoversPipeliningWhere132TakesSegments) {
+  const ProblemShape h16 = shape(1, 8192, 16);
+  const WorkspaceLayout at = flash_kda::sm90::workspace_layout(h16, {});
+  EXPECT_GT(at.seg_states_cap, 0u);
+  EXPECT_GT(at.carry_cap, 0u);
+  EXPECT_TRUE(flash_kda::sm90::plan_fits(plan_for(h16, 78), at));
+  EXPECT_TRUE(flash_kda::sm90::plan_fits(plan_for(h16, 132), at));
+}
+
+TEST(Sm90Plan, BadOptionsAreNamed) {
+  auto expect = [](LaunchOptions o, const char* field) {
+    try {
+      flash_kda::sm90::validate_options(o);
+      ADD_FAILURE() << "expected an Error for " << field;
+    } catch (const flash_kda::Error& e) {
+      EXPECT_EQ(e.argument(), field);
+    }
+  };
+  LaunchOptions o;
+  o.num_sms = -1;
+  expect(o, "launch_options.num_sms");
+  o = {};
+  o.window_slots = -2;
+  expect(o, "launch_options.window_slots");
+  o = {};
+  o.segments = -1;
+  expect(o, "launch_options.segments");
+  for (int w : {-4, 1, 2, 6, 16}) {
+    o = {};
+    o.recurrence_warps = w;
+    expect(o, "launch_options.recurrence_warps");
+  }
+  o = {};
+  o.num_sms = 133;
+  EXPECT_NO_THROW(flash_kda::sm90::validate_options(o));  // checked against the device at launch
+  try {
+    flash_kda::sm90::validate_device_options(o, flash_kda::sm90::sm90_device(132));
+    ADD_FAILURE() << "expected an Error";
+  } catch (const flash_kda::Error& e) {
+    EXPECT_EQ(e.argument(), "launch_options.num_sms");
+  }
+  o.num_sms = 78;
+  EXPECT_NO_THROW(flash_kda::sm90::validate_device_options(o, flash_kda::sm90::sm90_device(132)));
 }
 
 }  // namespace

@@ -50,5 +50,46 @@ TEST(Workspace, TooSmallWorkspaceIsANamedError) {
   }
 }
 
+// LaunchOptions out of range: a named error before any device call (the pointers here are fake).
+TEST(Workspace, BadLaunchOptionsAreNamedErrors) {
+  Call c(cuda_spec(1, 64, 4));
+  auto expect = [&](flash_kda::LaunchOptions o, const std::string& field) {
+    for (int entry = 0; entry < 3; ++entry) {
+      try {
+        if (entry == 0) flash_kda::forward_workspace_size(c.args, o);
+        if (entry == 1) flash_kda::forward(c.args, reinterpret_cast<void*>(uintptr_t(1) << 40), size_t(1) << 30, nullptr, o);
+        if (entry == 2) flash_kda::forward(c.args, [](size_t) -> void* { return nullptr; }, nullptr, o);
+        ADD_FAILURE() << "expected flash_kda::Error for " << field << " (entry point " << entry << ")";
+      } catch (const flash_kda::Error& e) {
+        EXPECT_EQ(e.argument(), field);
+      }
+    }
+  };
+  flash_kda::LaunchOptions o;
+  o.num_sms = -1;
+  expect(o, "launch_options.num_sms");
+  o = {};
+  o.window_slots = -1;
+  expect(o, "launch_options.window_slots");
+  o = {};
+  o.segments = -3;
+  expect(o, "launch_options.segments");
+  o = {};
+  o.recurrence_warps = 6;
+  expect(o, "launch_options.recurrence_warps");
+}
+
+// The size depends on the shape and the forced options, never on options.num_sms: callers size
+// the workspace before they pick a device or a partition of one.
+TEST(Workspace, IndependentOfTheSmCount) {
+  Call c(cuda_spec(1, 8192, 16));
+  const size_t base = flash_kda::forward_workspace_size(c.args);
+  for (int sms : {1, 78, 114, 132, 1000}) {
+    flash_kda::LaunchOptions o;
+    o.num_sms = sms;
+    EXPECT_EQ(flash_kda::forward_workspace_size(c.args, o), base) << sms;
+  }
+}
+
 }  // namespace
 #endif  // FLASH_KDA_WITH_CUDA

@@ -9,6 +9,9 @@ namespace flash_kda::sm90 {
 
 // ---- Stage 1 (prepare.cu): one 4-warp block per (chunk slot, value head), static shared memory.
 inline constexpr int kPrepareThreads = kHeadDim;
+/// Its static shared memory (prepare.cu's Smem, checked there): the plan's exclusive
+/// reservation for the state passes is sized to leave no room for one such block.
+inline constexpr int kPrepareSmemBytes = 26752;
 
 // ---- State passes (recurrence.cu).
 

@@ -58,8 +58,6 @@ constexpr int kOnePerSmBytes = 116 * 1024;
 // kept to the state pass, 306-313 us shared; docs/performance.md); so such a grid takes shared
 // memory that leaves no room for one. (Two warpgroups take the register file anyway.)
 constexpr int kExclusiveBytes = 200 * 1024;
-// Stage 1's static shared memory (prepare.cu's Smem, ~26 KB) as the reservation above assumes it.
-constexpr int kPrepareSmemBytes = 26 * 1024;
 static_assert(RecurrenceSmem<8>::kBytes <= kOnePerSmBytes && RecurrenceSmem<4>::kBytes <= kOnePerSmBytes &&
                   kOnePerSmBytes < kExclusiveBytes,
               "the reservations are in order");

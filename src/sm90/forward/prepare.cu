@@ -93,6 +93,7 @@ struct Smem {
   float rk[kChunk];  // 1 / ||k_t|| (eps inside the square root)
 };
 static_assert(sizeof(Smem::m) <= sizeof(Smem::in), "the 16x16 matrices fit over q and k");
+static_assert(sizeof(Smem) == kPrepareSmemBytes, "the plan's reservations assume this size");
 static_assert(sizeof(Smem) <= 31 * 1024, "7 blocks of 128 threads fit an SM (228 KB, 1 KB reserved a block)");
 
 // The staged rows are padded to 136 elements (272 bytes bf16, 544 bytes fp32): the 8 rows of an

@@ -1,0 +1,61 @@
+// The gate's two forms in src/common/gate.h: the log2 form the kernels evaluate
+// (safe_gate_log2, beta_sigmoid_log2), here in fp32 with the C++ library's exp2, against the
+// fp64 form the reference evaluates. No GPU needed; the kernels run the same expressions with
+// single MUFU instructions (rel. error ~2^-22 more).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/gate.h"
+
+namespace {
+
+namespace math = flash_kda::math;
+
+TEST(Gate, Log2FormMatchesTheFp64SafeGate) {
+  const math::StdMath m;
+  double worst = 0;
+  for (double a_log : {-3.0, -1.0, 0.0, 0.5, 1.5, 2.5})
+    for (double lower_bound : {-5.0, -2.0, -0.5, -1e-3})
+      for (double bias : {-4.0, 0.0, 1.25})
+        for (double g = -30.0; g <= 30.0; g += 0.37) {
+          const double ref = math::safe_gate<double>(g + bias, std::exp(a_log), lower_bound);
+          const math::SafeGateLog2<float> c = math::safe_gate_log2_head(float(a_log), float(lower_bound), m);
+          const float bias2 = float(bias) * c.rate2;
+          const double got = double(math::safe_gate_log2(float(g), bias2, c, m)) / math::kLog2e;
+          ASSERT_LE(got, 0.0);
+          ASSERT_GE(got, lower_bound * (1 + 1e-6));
+          const double err = std::abs(got - ref) / std::abs(lower_bound);
+          worst = std::max(worst, err);
+          ASSERT_LE(err, 2e-5) << "a_log " << a_log << " lb " << lower_bound << " g " << g << " bias " << bias;
+        }
+  EXPECT_GT(worst, 0.0);  // fp32 against fp64: some rounding, all of it tiny
+}
+
+TEST(Gate, Log2FormIsExactInFp64) {
+  const math::StdMath m;
+  for (double a_log : {-2.0, 0.0, 1.0})
+    for (double g = -20.0; g <= 20.0; g += 1.3) {
+      const double ref = math::safe_gate<double>(g + 0.3, std::exp(a_log), -5.0);
+      const math::SafeGateLog2<double> c = math::safe_gate_log2_head(a_log, -5.0, m);
+      EXPECT_NEAR(math::safe_gate_log2(g, 0.3 * c.rate2, c, m) / math::kLog2e, ref, 1e-12);
+    }
+}
+
+TEST(Gate, Log2FormSaturates) {
+  // 2^y overflowing to inf gives recip(inf) = 0 (the sigmoid's limit), never NaN.
+  const math::StdMath m;
+  const math::SafeGateLog2<float> c = math::safe_gate_log2_head(3.0f, -5.0f, m);
+  EXPECT_EQ(math::safe_gate_log2(-1e30f, 0.0f, c, m), -0.0f);
+  EXPECT_FLOAT_EQ(math::safe_gate_log2(1e30f, 0.0f, c, m), float(-5.0 * math::kLog2e));
+}
+
+TEST(Gate, BetaLog2FormMatchesTheSigmoid) {
+  const math::StdMath m;
+  for (double b = -40.0; b <= 40.0; b += 0.173) {
+    const double ref = math::beta_sigmoid<double>(b, false);
+    EXPECT_NEAR(double(math::beta_sigmoid_log2(float(b), m)), ref, 2e-7 + 1e-6 * ref) << b;
+  }
+}
+
+}  // namespace
