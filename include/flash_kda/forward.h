@@ -110,9 +110,9 @@ struct LaunchOptions {
   int recurrence_warps = 0;
 };
 
-/// Bytes of device workspace forward() needs for `args` (a multiple of 256; may be 0). With
-/// default options it depends on the shapes alone (not on the device or options.num_sms);
-/// forced window_slots or segments may change it. Throws flash_kda::Error like
+/// Bytes of device workspace forward() needs for `args` (a multiple of 256; may be 0). It depends
+/// on the shapes alone, not on the device or options.num_sms (it covers the plan of every sm_90
+/// part and partition); forced window_slots, segments or recurrence_warps may change it. Throws flash_kda::Error like
 /// validate(args, Target::Sm90).
 size_t forward_workspace_size(const ForwardArgs& args, const LaunchOptions& options = {});
 
@@ -127,7 +127,7 @@ using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 /// Validates first (throws flash_kda::Error and writes nothing on bad input), then enqueues
 /// kernels only (and, for long inputs processed in windows, one memset of the workspace's window
 /// counts): no host synchronisation, no allocation (all scratch lives in `workspace`,
-/// at least forward_workspace_size(args) bytes, 256-byte aligned, on the tensors' device),
+/// at least forward_workspace_size(args, options) bytes, 256-byte aligned, on the tensors' device),
 /// so the call can be captured in a CUDA graph. Results are bitwise deterministic.
 /// Supported subset today: K = V = 128; bf16 q, k, v, out; bf16 or fp32 g and beta; A_log and
 /// dt_bias required; SafeSigmoid gate; use_qk_l2norm and use_beta_sigmoid on; allow_neg_eigval

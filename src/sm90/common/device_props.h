@@ -1,6 +1,6 @@
 // What the plan needs to know of the GPU the call runs on, queried once per CUDA context and
-// cached: the forward runs once per layer and step, and driver queries on every call were part of
-// its host time.
+// cached: the forward runs once per layer and step, and driver queries on every call would be part
+// of its host time.
 #pragma once
 
 #include <cstdint>

@@ -43,10 +43,10 @@ struct RecurrenceSmem {
 
 /// One warpgroup (NW = 4) gets a fifth warp that only issues the chunk loads, a producer in the
 /// manner of warp specialisation: with one warp per scheduler every instruction of a consumer
-/// warp is on the chunk step's chain, and the loads were ~35 of its ~310 a step (state pass of
+/// warp is on the chunk step's chain, and the loads are ~35 of its ~310 a step (state pass of
 /// h4_fixed_1024 42.5 -> 39.2 us, docs/performance.md). Two warpgroups issue the loads themselves,
 /// beside their products: a third, producer warpgroup (setmaxnreg 232 / 40, as 255 registers x
-/// 288 threads would not fit) made h96_fixed_8192's state pass slower, 369 -> 415 us.
+/// 288 threads would not fit) makes h96_fixed_8192's state pass slower, 369 -> 415 us.
 constexpr bool recurrence_has_producer(int warps) { return warps == 4; }
 constexpr int recurrence_block_threads(int warps) { return warps * 32 + (recurrence_has_producer(warps) ? 32 : 0); }
 

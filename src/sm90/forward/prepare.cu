@@ -100,7 +100,7 @@ static_assert(sizeof(Smem) <= 31 * 1024, "7 blocks of 128 threads fit an SM (228
 // ldmatrix 8x8 matrix are then 68 words apart, 4 banks, and its 8 x 16 bytes cover all 32 banks
 // once. (An fp32 g value at token 8 ks + 2 t4 + e, channel 32 w + 8 j + g, is at bank
 // 16 t4 + g + const: a 2-way conflict on the rare fp32-g path.) Each address is a per-lane base
-// plus a constant; an XOR swizzle by token (no padding) was as conflict-free but cost ~3 integer
+// plus a constant; an XOR swizzle by token (no padding) is as conflict-free but costs ~3 integer
 // instructions an access, in a kernel bound by issue.
 template <typename T>
 __device__ __forceinline__ int staged(int t, int b) {
@@ -132,7 +132,7 @@ __device__ __forceinline__ void stage_rows(void* dst, const void* src, int64_t t
 }
 
 // The Grams' operands skip ptx::tf32: given fp32 bits, the tensor cores drop the low 13
-// (truncation, as Triton's tf32 dots of fp32 values do), and the four cvt a group were ~4% of the
+// (truncation, as Triton's tf32 dots of fp32 values do), and the four cvt a group are ~4% of the
 // kernel's instructions for no measurable accuracy (accuracy grid max ours / fla 1.00 either
 // way, docs/performance.md). The gate's lo parts keep it (they feed a product whose accuracy
 // matters: the cumulative gate).
@@ -141,7 +141,7 @@ __device__ __forceinline__ void store32(char* p, uint32_t x) { *reinterpret_cast
 
 // 7 blocks per SM (<= 72 registers, 7 x 26 KB of shared memory): each block runs its phases one
 // after the other, with warps idle at the barriers, which only other resident blocks can fill.
-// At 8 blocks (64 registers) the kernel spilled and took longer on the small cases
+// At 8 blocks (64 registers) the kernel spills and takes longer on the small cases
 // (h4_fixed_1024: 9.3 against 7.3 us) for the same time on the large ones (docs/performance.md).
 // kGF32: g is fp32 (else bf16), a template parameter so that the gate's loads have one path.
 template <bool kGF32>
@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 7) prepare_kernel(const PrepareParam
 #pragma unroll
   for (int j = 0; j < kGroups; ++j) {
     // Group j's two 8x8 matrices of each tile (addressed by lanes 0-15): one group at a time, as
-    // two groups' fragments (frag) held through the gate made ptxas spill at 72 registers.
+    // two groups' fragments (frag) held through the gate make ptxas spill at 72 registers.
     uint32_t qa[2], ka[2], ga[2] = {};
     cute::SM75_U32x2_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(sq + ld_off + 16 * j), qa[0], qa[1]);
     cute::SM75_U32x2_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(sk + ld_off + 16 * j), ka[0], ka[1]);

@@ -62,7 +62,7 @@ inline constexpr bool kHasProducer = recurrence_has_producer(NW);
 // wgmma descriptors of the bf16 [N][K] tiles of one stage buffer, laid out by gmma_tile_offset
 // (no swizzle; K = 16 x k-steps). They differ only in the start address (bits 0-13, in 16-byte
 // units; no carry out of them, shared memory being < 256 KB), so each is the stage's word plus a
-// constant: one add, where building the bit fields took ~5 uniform instructions per descriptor
+// constant: one add, where building the bit fields takes ~5 uniform instructions per descriptor
 // (~96 of the step's ~430 instructions per warp in the H200 profile).
 struct StageDescs {
   uint32_t lo;  // the stage's start address >> 4; leading byte offset 128 (the next 8 columns of K)
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
   extern __shared__ __align__(128) char smem[];
   // The warp index broadcast from lane 0 (CUTLASS's canonical_warp_idx_sync): ptxas then knows
   // it is warp-uniform, so code under the producer/consumer branch keeps the uniform datapath
-  // for the wgmma descriptors (with threadIdx.x / 32 it moved them through vector registers and
+  // for the wgmma descriptors (with threadIdx.x / 32 it moves them through vector registers and
   // R2UR: ~100 more instructions a step).
   const int tid = threadIdx.x, lane = tid % 32, warp = __shfl_sync(0xffffffffu, tid / 32, 0);
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates: row group, column pair
@@ -211,8 +211,8 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
   if (warp < NW && late_start) Pass::template load_start<NW>(p, w, s, v0, g, t4);
 
   // The next chunk to load: its record, its first row of v (this block's columns) and the
-  // tokens left from it, all advanced by one chunk per load. Incremental pointers: the index
-  // arithmetic of each step (64-bit products, the stage modulo) was ~100 of its ~380
+  // tokens left from it, all advanced by one chunk per load. Incremental pointers: recomputed
+  // per step, the index arithmetic (64-bit products, the stage modulo) is ~100 of a step's ~380
   // instructions per warp in the H200 profile.
   const int64_t v_row_bytes = HV * kHeadDim * 2;
   const char* rec_next = p.records + ((first + c_begin - w.slot_base) * HV + hv) * int64_t(kRecordBytes);
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
 
   // The chunk loop, with the pass's branches resolved at compile time (kOut: write out, else
   // the segment-map pass; kU0: U starts from v^T Av^T, else from 0): wgmma batches inside
-  // run-time branches made ptxas inject warpgroup.arrive/wait around them.
+  // run-time branches make ptxas inject warpgroup.arrive/wait around them.
   //
   // The tensor cores run a warpgroup's wgmmas in issue order, so O's nine products (S^T Qd^T,
   // U^T M^T), which nothing in the chain needs, are issued after the state update and left
@@ -301,8 +301,8 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
     };
 
     // Two warpgroups (no producer warp): chunk c + kStages - 2's loads (~56 instructions a warp),
-    // issued in back(c), beside the products (h96_fixed_8192 recurrence 401 -> 377 us against the
-    // front of the step; perf-notes, session 7). Its buffer is chunk c - 2's, which every warp
+    // issued in back(c), beside the products (h96_fixed_8192 state pass 377 us, against 401 us
+    // from the front of the step; docs/performance.md). Its buffer is chunk c - 2's, which every warp
     // released in step c - 1: this rarely waits. It is in the next round of buffers unless
     // ring.buf + kStages - 2 wraps.
     auto load_ahead = [&](int64_t c) {
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
 
       // S^T diag(gC), the first half of the state update (the old S is in sa now). Before the
       // batch, not beside it: ptxas waits for a batch in flight before any write to a register
-      // that is some wgmma's accumulator (C7517, checked again in v10).
+      // that is some wgmma's accumulator (ptxas advisory C7517).
       {
         const float* gc = reinterpret_cast<const float*>(stage + kRecGC);
 #pragma unroll
@@ -355,8 +355,8 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
       }
 
       // U^T = v^T (Av + Av lo)^T - S^T W^T in one accumulator (-S^T W^T with A scaled by -1).
-      // Split over 2 or 4 accumulators, U's dependent chain of wgmmas was shorter but the adds
-      // that joined them sat on the step's chain: one is fewest instructions (perf-notes, session 8).
+      // Split over 2 or 4 accumulators, U's dependent chain of wgmmas is shorter but the adds
+      // that join them sit on the step's chain: one is fewest instructions (docs/performance.md).
       // This warp's rows v0+g, v0+g+8; token columns 8j+2*t4+{0,1}.
       float xu[2][4] = {};
       fence_regs(xu);
@@ -380,7 +380,8 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
         fence_regs(sa[prv]);
         fence_regs(ua[prv]);
         // Two warpgroups: the other one hides this store, and after the state update's issue
-        // it would sit in front of that update's wait (v10b: h96 cases +1.5-4%).
+        // it would sit in front of that update's wait (h96 cases 1.5-4% slower there;
+        // docs/performance.md).
         if constexpr (NW == 8)
           if (c > c_begin) write_out(o[prv]);
       }
@@ -413,7 +414,8 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
       }
       cute::warpgroup_commit_batch();
       // One warpgroup: the previous chunk's O (complete since front's wait) goes out here, beside
-      // the products, instead of between U's wait and U (v10b: h4_fixed_1024 -2%).
+      // the products, instead of between U's wait and U (h4_fixed_1024 2% faster;
+      // docs/performance.md).
       if constexpr (kOut && NW == 4)
         if (write_prev) write_out(o[1 - cur]);
       if constexpr (!kHasProducer<NW>) load_ahead(c);

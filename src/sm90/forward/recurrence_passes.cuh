@@ -41,6 +41,24 @@ struct ChainWork {
 /// k = nt*8 + 2*t4 + {0, 1} (m16n8 accumulator layout).
 using StateRegs = float[kHeadDim / 8][4];
 
+/// Calls f(nt, half, v, k) for each pair of state elements this lane holds: s[nt][2 half] and
+/// s[nt][2 half + 1] are S^T[v][k] and S^T[v][k + 1].
+template <class F>
+__device__ __forceinline__ void for_each_state_pair(int v0, int g, int t4, F&& f) {
+#pragma unroll
+  for (int nt = 0; nt < kHeadDim / 8; ++nt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) f(nt, half, v0 + g + 8 * half, nt * 8 + 2 * t4);
+}
+
+/// Two adjacent elements of a final state ([N, HV, V, K], fp32 or bf16) at element offset `off`.
+__device__ __forceinline__ void store_state_pair(void* state, bool is_f32, int64_t off, float2 x) {
+  if (is_f32)
+    *reinterpret_cast<float2*>(static_cast<float*>(state) + off) = x;
+  else
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(state) + off) = __floats2bfloat162_rn(x.x, x.y);
+}
+
 struct WindowPass {
   using Params = WindowParams;
   static constexpr bool kWritesOut = true;
@@ -86,24 +104,19 @@ struct WindowPass {
     const int64_t HV = p.value_heads;
     const int64_t base = state_offset(w.n, blockIdx.y, HV);
     const bool from_carry = w.c_begin > 0;
-#pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
-        float2 x = make_float2(0.f, 0.f);
-        if (from_carry) {
-          x = *reinterpret_cast<const float2*>(p.carry_in + (int64_t(blockIdx.y) * kHeadDim + v) * kHeadDim + k);
-        } else if (p.initial_state != nullptr) {
-          const int64_t off = base + int64_t(v) * kHeadDim + k;
-          x = p.state_is_f32 ? *reinterpret_cast<const float2*>(static_cast<const float*>(p.initial_state) + off)
-                             : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
-                                   static_cast<const __nv_bfloat16*>(p.initial_state) + off));
-        }
-        s[nt][2 * half] = x.x;
-        s[nt][2 * half + 1] = x.y;
+    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+      float2 x = make_float2(0.f, 0.f);
+      if (from_carry) {
+        x = *reinterpret_cast<const float2*>(p.carry_in + (int64_t(blockIdx.y) * kHeadDim + v) * kHeadDim + k);
+      } else if (p.initial_state != nullptr) {
+        const int64_t off = base + int64_t(v) * kHeadDim + k;
+        x = p.state_is_f32 ? *reinterpret_cast<const float2*>(static_cast<const float*>(p.initial_state) + off)
+                           : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+                                 static_cast<const __nv_bfloat16*>(p.initial_state) + off));
       }
-    }
+      s[nt][2 * half] = x.x;
+      s[nt][2 * half + 1] = x.y;
+    });
   }
 
   /// Pipelined windows: stage 1 of this window does not wait for the previous window's pass,
@@ -131,22 +144,13 @@ struct WindowPass {
     const bool done = w.c_end == w.num_chunks;
     if (done && p.final_state == nullptr) return signal_done<NW>(p, warp, lane);
     const int64_t base = state_offset(w.n, hv, HV);
-#pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
-        const float2 x = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
-        if (!done) {
-          *reinterpret_cast<float2*>(p.carry_out + (int64_t(hv) * kHeadDim + v) * kHeadDim + k) = x;
-        } else if (p.state_is_f32) {
-          *reinterpret_cast<float2*>(static_cast<float*>(p.final_state) + base + int64_t(v) * kHeadDim + k) = x;
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.final_state) + base + int64_t(v) * kHeadDim +
-                                             k) = __floats2bfloat162_rn(x.x, x.y);
-        }
-      }
-    }
+    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+      const float2 x = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
+      if (!done)
+        *reinterpret_cast<float2*>(p.carry_out + (int64_t(hv) * kHeadDim + v) * kHeadDim + k) = x;
+      else
+        store_state_pair(p.final_state, p.state_is_f32, base + int64_t(v) * kHeadDim + k, x);
+    });
     signal_done<NW>(p, warp, lane);
   }
 };
@@ -193,17 +197,12 @@ struct SegmentMapsPass : SegmentPassBase {
   template <int NW>
   static __device__ __forceinline__ void load_start(const Params&, const ChainWork& w, StateRegs& s, int v0, int g,
                                                     int t4) {
-#pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
-        float2 x = make_float2(0.f, 0.f);
-        if (w.part == 0) x = make_float2(v == k ? 1.f : 0.f, v == k + 1 ? 1.f : 0.f);
-        s[nt][2 * half] = x.x;
-        s[nt][2 * half + 1] = x.y;
-      }
-    }
+    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+      float2 x = make_float2(0.f, 0.f);
+      if (w.part == 0) x = make_float2(v == k ? 1.f : 0.f, v == k + 1 ? 1.f : 0.f);
+      s[nt][2 * half] = x.x;
+      s[nt][2 * half + 1] = x.y;
+    });
   }
 
   template <int NW>
@@ -235,16 +234,11 @@ struct SegmentFinishPass : SegmentPassBase {
   static __device__ __forceinline__ void load_start(const Params& p, const ChainWork& w, StateRegs& s, int v0, int g,
                                                     int t4) {
     const float* seg_state = p.seg_states + seg_state_offset(w.n, w.seg, blockIdx.y, p.max_segs, p.value_heads);
-#pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
-        const float2 x = *reinterpret_cast<const float2*>(seg_state + v * kHeadDim + k);
-        s[nt][2 * half] = x.x;
-        s[nt][2 * half + 1] = x.y;
-      }
-    }
+    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+      const float2 x = *reinterpret_cast<const float2*>(seg_state + v * kHeadDim + k);
+      s[nt][2 * half] = x.x;
+      s[nt][2 * half + 1] = x.y;
+    });
   }
 
   /// Only the last segment's end state is kept: the scan made the others.
@@ -253,19 +247,10 @@ struct SegmentFinishPass : SegmentPassBase {
                                                    int g, int t4, int, int) {
     if (w.c_end != w.num_chunks || p.final_state == nullptr) return;
     const int64_t base = state_offset(w.n, blockIdx.y, p.value_heads);
-#pragma unroll
-    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int v = v0 + g + 8 * half, k = nt * 8 + 2 * t4;
-        const float2 x = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
-        if (p.state_is_f32)
-          *reinterpret_cast<float2*>(static_cast<float*>(p.final_state) + base + int64_t(v) * kHeadDim + k) = x;
-        else
-          *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.final_state) + base + int64_t(v) * kHeadDim +
-                                             k) = __floats2bfloat162_rn(x.x, x.y);
-      }
-    }
+    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+      store_state_pair(p.final_state, p.state_is_f32, base + int64_t(v) * kHeadDim + k,
+                       make_float2(s[nt][2 * half], s[nt][2 * half + 1]));
+    });
   }
 };
 
