@@ -7,6 +7,7 @@
 #endif
 
 namespace flash_kda {
+#if !FLASH_KDA_WITH_CUDA
 namespace {
 
 [[noreturn]] void no_cuda() {
@@ -14,6 +15,7 @@ namespace {
 }
 
 }  // namespace
+#endif
 
 size_t forward_workspace_size(const ForwardArgs& args, const LaunchOptions& options) {
   const ProblemShape p = validate(args, Target::Sm90);
