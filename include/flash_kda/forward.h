@@ -97,14 +97,19 @@ ProblemShape validate(const ForwardArgs& args, Target target);
 
 /// Launch choices a caller may fix instead of leaving them to the launch plan. Every field 0
 /// (the default) means "the plan decides"; none changes the function computed, only how it is
-/// spread over the GPU. Out-of-range values raise flash_kda::Error naming the field.
+/// spread over the GPU. Out-of-range values raise flash_kda::Error naming the field
+/// ("launch_options.num_sms", "launch_options.window_slots", "launch_options.segments",
+/// "launch_options.recurrence_warps") before any kernel runs.
 struct LaunchOptions {
   /// SMs the kernels may occupy, for a device partitioned by a CUDA green context or an MPS
-  /// limit (the plan then sizes its grids and waves for that many); 0: the device's SM count.
-  /// Must not exceed the device's count.
+  /// limit (the plan then sizes its grids and waves for that many); 0: the SMs of the current
+  /// context (read from a green context's SM resource where the driver reports it).
+  /// Must not exceed the SMs of the current CUDA context (a green context's partition, else the
+  /// device's count); a value above 132 (the most of any sm_90 part) is planned as 132.
   int num_sms = 0;
   /// Tuning and test knobs: windows of this many 16-token chunk slots (> 0), S segments per
-  /// sequence (>= 1; 1 turns the segment-parallel path off), recurrence blocks of 4 or 8 warps.
+  /// sequence (>= 1; 1 turns the segment-parallel path off), window-pass blocks of 4 or 8 warps
+  /// (the segment passes always take 8). All >= 0; recurrence_warps 0, 4 or 8.
   int64_t window_slots = 0;
   int segments = 0;
   int recurrence_warps = 0;
