@@ -7,7 +7,9 @@
 # REV_A/REV_B: a source folder (e.g. an exported checkout carried to a machine without .git),
 # or anything `git worktree add` accepts (a branch, a commit, HEAD). Needs nvcc and
 # CUTLASS headers as for `pip install .` (CUTLASS_INCLUDE_DIR, default .cutlass/include).
-# Output: $OUT (or ./ab-out)/{A,B}/results.{json,md} and the two tables on stdout.
+# AB_ROUNDS=n (default 1) runs A, B, A, B, ... n times each, so that the spread between two runs
+# of the same build is measured in the same session as the difference between the builds.
+# Output: $OUT (or ./ab-out)/{A,B}[-round]/results.{json,md} and the tables on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (($# >= 2)) || { echo "usage: $0 REV_A REV_B [bench args]" >&2; exit 2; }
@@ -26,10 +28,15 @@ for side in A B; do
     >"$tmp/build-$side.log" 2>&1 || { tail -30 "$tmp/build-$side.log"; exit 1; }
 done
 status=0
-for side in A B; do
-  mkdir -p "$dest/$side"
-  echo "== $side: ${!side} ($(git rev-parse --short "${!side}" 2>/dev/null || echo folder))"
-  PYTHONPATH="$tmp/site-$side${PYTHONPATH:+:$PYTHONPATH}" python3 -m flash_kda.bench --no-fla --no-check \
-    --no-plot --out-dir "$dest/$side" "$@" || status=$?
+rounds=${AB_ROUNDS:-1}
+for ((round = 1; round <= rounds; round++)); do
+  for side in A B; do
+    out=$dest/$side
+    ((rounds > 1)) && out=$dest/$side-$round
+    mkdir -p "$out"
+    echo "== $side (round $round of $rounds): ${!side} ($(git rev-parse --short "${!side}" 2>/dev/null || echo folder))"
+    PYTHONPATH="$tmp/site-$side${PYTHONPATH:+:$PYTHONPATH}" python3 -m flash_kda.bench --no-fla --no-check \
+      --no-plot --out-dir "$out" "$@" || status=$?
+  done
 done
 exit "$status"

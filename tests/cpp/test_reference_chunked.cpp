@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "reference_test_util.h"
+#include "chunked_test_util.h"
 
 namespace {
 
@@ -19,85 +19,45 @@ using flash_kda::DType;
 using flash_kda::ForwardArgs;
 using flash_kda::GateMode;
 using flash_kda::StateLayout;
+using flash_kda::testing::call_scale;
+using flash_kda::testing::final_state_k_first;
+using flash_kda::testing::head_inputs;
+using flash_kda::testing::HeadInputs;
 using flash_kda::testing::KdaConfig;
 using flash_kda::testing::KdaProblem;
 using flash_kda::testing::make_random_problem;
+using flash_kda::testing::Matrix;
 using flash_kda::testing::rel_frobenius;
+using flash_kda::testing::sequence_starts;
+using flash_kda::testing::zeros;
 
 struct ChunkedResult {
   std::vector<double> out;          // [tokens, HV, V]
   std::vector<double> final_state;  // [N, HV, K, V] (S, k-first)
 };
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
 // The spec's chunked form for every (sequence, value head), chunk size C.
 ChunkedResult chunked_forward(const KdaProblem& p, const ForwardArgs& a, int C) {
   const auto& c = p.config;
-  const int64_t H = c.heads, HV = c.value_heads, K = c.head_dim_k, V = c.head_dim_v, N = p.num_seqs();
-  const int64_t G_ratio = HV / H;
-  const double scale = a.scale ? *a.scale : 1.0 / std::sqrt(double(K));
-  const auto q_all = p.q.values(), k_all = p.k.values(), v_all = p.v.values(), g_all = p.g.values(),
-             beta_all = p.beta.values();
-  const auto a_log = p.A_log.values(), dt_bias = p.dt_bias.values(), init = p.initial_state.values();
-
-  std::vector<int64_t> starts{0};
-  for (int64_t n = 0; n < N; ++n)
-    starts.push_back(starts.back() + (c.seqlens.empty() ? c.seqlen : c.seqlens[size_t(n)]));
+  const int64_t HV = c.value_heads, K = c.head_dim_k, V = c.head_dim_v, N = p.num_seqs();
+  const double scale = call_scale(a, K);
+  const std::vector<int64_t> starts = sequence_starts(p);
 
   ChunkedResult r;
   r.out.assign(size_t(p.total_tokens() * HV * V), 0.0);
   r.final_state.assign(size_t(N * HV * K * V), 0.0);
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t hv = 0; hv < HV; ++hv) {
-      const int64_t h = hv / G_ratio, T = starts[size_t(n) + 1] - starts[size_t(n)];
-      // Pre-processed per-token inputs of this head.
-      const size_t Ts = static_cast<size_t>(T);
-      std::vector<std::vector<double>> q(Ts), k(Ts), la(Ts), v(Ts);
-      std::vector<double> b(Ts);
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t tok = starts[size_t(n)] + t;
-        auto slice = [&](const std::vector<double>& x, int64_t off, int64_t len) {
-          return std::vector<double>(x.begin() + off, x.begin() + off + len);
-        };
-        q[size_t(t)] = slice(q_all, (tok * H + h) * K, K);
-        k[size_t(t)] = slice(k_all, (tok * H + h) * K, K);
-        v[size_t(t)] = slice(v_all, (tok * HV + hv) * V, V);
-        if (a.use_qk_l2norm) {
-          for (auto* x : {&q[size_t(t)], &k[size_t(t)]}) {
-            double ss = 0.0;
-            for (double e : *x) ss += e * e;
-            for (double& e : *x) e /= std::sqrt(ss + 1e-6);
-          }
-        }
-        la[size_t(t)].resize(size_t(K));
-        const double rate = (a.A_log.defined() && a.gate != GateMode::PreGated) ? std::exp(a_log[size_t(hv)]) : 1.0;
-        for (int64_t i = 0; i < K; ++i) {
-          const double g = g_all[size_t((tok * HV + hv) * K + i)];
-          const double x = g + (a.dt_bias.defined() ? dt_bias[size_t(hv * K + i)] : 0.0);
-          double ai = g;
-          if (a.gate == GateMode::SafeSigmoid) ai = a.lower_bound * sigmoid(rate * x);
-          if (a.gate == GateMode::Softplus) ai = -rate * std::log1p(std::exp(x));
-          la[size_t(t)][size_t(i)] = ai;
-        }
-        const double beta = beta_all[size_t(tok * HV + hv)];
-        b[size_t(t)] = a.use_beta_sigmoid ? (a.allow_neg_eigval ? 2.0 : 1.0) * sigmoid(beta) : beta;
-      }
-
-      // State S (K x V) at the chunk start.
-      std::vector<std::vector<double>> S(size_t(K), std::vector<double>(size_t(V), 0.0));
-      if (a.initial_state.defined())
-        for (int64_t i = 0; i < K; ++i)
-          for (int64_t j = 0; j < V; ++j)
-            S[size_t(i)][size_t(j)] = init[size_t((n * HV + hv) * K * V +
-                                                  (a.state_layout == StateLayout::VFirst ? j * K + i : i * V + j))];
+      const int64_t T = starts[size_t(n) + 1] - starts[size_t(n)];
+      // Pre-processed per-token inputs of this head, and the state S (K x V) at the chunk start.
+      HeadInputs in = head_inputs(p, a, n, hv);
+      const auto &q = in.q, &k = in.k, &la = in.a, &v = in.v;
+      const auto& b = in.b;
+      Matrix& S = in.S0;
 
       for (int64_t c0 = 0; c0 < T; c0 += C) {
         const int64_t L = std::min<int64_t>(C, T - c0);
-        auto mat = [](int64_t r, int64_t cols) {
-          return std::vector<std::vector<double>>(size_t(r), std::vector<double>(size_t(cols), 0.0));
-        };
-        auto Gc = mat(L, K), kd = mat(L, K), qd = mat(L, K), ki = mat(L, K), kr = mat(L, K);
+        auto Gc = zeros(L, K), kd = zeros(L, K), qd = zeros(L, K), ki = zeros(L, K), kr = zeros(L, K);
         for (int64_t i = 0; i < L; ++i)
           for (int64_t d = 0; d < K; ++d)
             Gc[size_t(i)][size_t(d)] = (i ? Gc[size_t(i - 1)][size_t(d)] : 0.0) + la[size_t(c0 + i)][size_t(d)];
@@ -121,7 +81,7 @@ ChunkedResult chunked_forward(const KdaProblem& p, const ForwardArgs& a, int C) 
           return y;
         };
         // U = (I + L)^-1 diag(b) (v - kd S), by forward substitution (L strictly lower).
-        auto U = mat(L, V);
+        auto U = zeros(L, V);
         for (int64_t i = 0; i < L; ++i) {
           const auto kdS = row_times_S(kd[size_t(i)]);
           for (int64_t j = 0; j < V; ++j)
@@ -234,15 +194,7 @@ TEST_P(ReferenceVsChunked, AgreesInFp64) {
   flash_kda::reference_forward(a, 3);
   const auto out = p.out.values();
   // Final state in the k-first order chunked_forward produces.
-  std::vector<double> fin = p.final_state.values();
-  if (tc.config.state_layout == StateLayout::VFirst) {
-    const int64_t K = tc.config.head_dim_k, V = tc.config.head_dim_v;
-    std::vector<double> kf(fin.size());
-    for (size_t nh = 0; nh < fin.size() / size_t(K * V); ++nh)
-      for (int64_t i = 0; i < K; ++i)
-        for (int64_t j = 0; j < V; ++j) kf[nh * size_t(K * V) + size_t(i * V + j)] = fin[nh * size_t(K * V) + size_t(j * K + i)];
-    fin = kf;
-  }
+  const std::vector<double> fin = final_state_k_first(p);
   for (int C : {16, 7}) {
     SCOPED_TRACE("chunk size " + std::to_string(C));
     const ChunkedResult ref = chunked_forward(p, a, C);

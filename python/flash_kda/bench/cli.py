@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention even if installed")
     run.add_argument("--no-check", action="store_true", help="skip the correctness checks")
     run.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings")
+    run.add_argument("--num-sms", type=_positive_int, default=None, metavar="N",
+                     help="run every call on a CUDA green context of N SMs (a multiple of 8; e.g. 80 or 112 "
+                     "for an H20 or H100 PCIe) and give flash_kda's plan the same count; eager timings only")
     run.add_argument("--layer", action="store_true",
                      help="time fla's KimiDeltaAttention layer (hidden 2304, 32 heads) Triton vs flash_kda instead")
     out = p.add_argument_group("output")
@@ -103,6 +106,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--heads does not apply to --layer (the layer has Kimi Linear's 32 heads)")
     if args.from_json is not None and (custom or args.cases is not None or args.layer):
         parser.error("--from-json re-renders an earlier run: do not combine it with case flags or --layer")
+    if args.num_sms is not None and args.layer:
+        parser.error("--num-sms applies to the kernel benchmark, not to --layer")
+    if args.num_sms is not None:
+        args.no_graph = True  # time_graph's warm-up and capture streams are made outside the partition
     if args.layer and args.T is not None and args.T <= 64:
         parser.error("--layer needs --T > 64 (fla runs its fused_recurrent path for T <= 64)")
     try:

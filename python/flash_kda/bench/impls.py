@@ -54,8 +54,9 @@ def count_flash_kda_calls() -> Iterator[list[int]]:
         flash_kda.fwd = real
 
 
-def flash_kda_fn(x: Inputs) -> tuple[Callable[[], None], object, object | None]:
-    """(call, out, final_state): call() runs flash_kda.fwd writing out/final_state in place.
+def flash_kda_fn(x: Inputs, num_sms: int | None = None) -> tuple[Callable[[], None], object, object | None]:
+    """(call, out, final_state): call() runs flash_kda.fwd writing out/final_state in place;
+    with num_sms, its launch plan is told that many SMs (bench --num-sms: a green context).
 
     out and final_state start as NaN (not torch.empty_like), so that an element the first,
     checked call fails to write cannot pass the check on stale memory that happens to hold a
@@ -66,10 +67,11 @@ def flash_kda_fn(x: Inputs) -> tuple[Callable[[], None], object, object | None]:
 
     out = torch.full_like(x.v, float("nan"))
     final = torch.full_like(x.initial_state, float("nan")) if x.initial_state is not None else None
+    extra = {} if num_sms is None else {"launch_options": flash_kda.LaunchOptions(num_sms=num_sms)}
 
     def call() -> None:
         flash_kda.fwd(x.q, x.k, x.v, x.g, x.beta, x.scale, out, x.A_log, x.dt_bias, x.lower_bound,
-                      initial_state=x.initial_state, final_state=final, cu_seqlens=x.cu_seqlens)
+                      initial_state=x.initial_state, final_state=final, cu_seqlens=x.cu_seqlens, **extra)
 
     return call, out, final
 

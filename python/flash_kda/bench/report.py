@@ -189,6 +189,10 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
         states = sorted({r["case"].get("state", "?") for r in results.get("cases", [])})
         md.append(f"- settings: {s.get('iters')} timed calls after {s.get('warmup')} warm-up, seed {s.get('seed')}"
                   + (f", states {'/'.join(states)}" if states else ""))
+    if (part := results.get("partition")) is not None:
+        md.append(f"- SM partition (--num-sms): a green context of {part['num_sms']} of the device's "
+                  f"{part['device_sms']} SMs; a bf16 matmul ran {part['ratio']:.2f}x slower there than on the whole "
+                  f"device ({part['sm_ratio']:.2f}x fewer SMs); flash_kda's plan was told {part['num_sms']} SMs")
     if results.get("cases"):
         md.append(f"- device-to-device copy bandwidth (this run): {results['copy_bandwidth'] / 1e12:.2f} TB/s")
         md += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|"]

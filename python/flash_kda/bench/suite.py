@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import contextlib
+
 from . import anchors, cases as cases_mod, check, impls, inputs, timing
 
 
@@ -79,7 +81,7 @@ def run_case(case: cases_mod.Case, args, copy_bw: float, use_fla: bool) -> dict:
         "errors": {},
         "check": None,
     }
-    ours, ours_out, ours_state = impls.flash_kda_fn(x)
+    ours, ours_out, ours_state = impls.flash_kda_fn(x, getattr(args, "num_sms", None))
     fla_call, fla_res = impls.fla_fn(x) if use_fla else (None, None)
 
     with torch.inference_mode():
@@ -120,14 +122,25 @@ def run_suite(args, meta: dict, on_case=None) -> dict:
         "meta": meta,
         "copy_bandwidth": copy_bw,
         "anchor_source": anchors.ANCHOR_SOURCE,
-        "settings": {"iters": args.iters, "warmup": args.warmup, "seed": args.seed, "fla": use_fla},
+        "settings": {"iters": args.iters, "warmup": args.warmup, "seed": args.seed, "fla": use_fla,
+                     "num_sms": getattr(args, "num_sms", None)},
         "planned_cases": len(args.cases),
         "cases": [],
     }
-    for i, case in enumerate(args.cases, 1):
-        progress(f"[{i}/{len(args.cases)}] {case.name}: T_total {case.total_tokens}, H {case.heads}, "
-                 f"{case.num_seqs} seq(s), state {case.state}")
-        results["cases"].append(run_case(case, args, copy_bw, use_fla))
-        if on_case is not None:
-            on_case(results)
+    stream_ctx = contextlib.nullcontext()
+    if getattr(args, "num_sms", None) is not None:
+        from . import partition
+
+        part = partition.Partition(args.num_sms)
+        results["partition"] = partition.confinement(part)
+        progress(f"green context of {args.num_sms} SMs: bf16 matmul {results['partition']['ratio']:.2f}x "
+                 f"slower than on the whole device ({results['partition']['sm_ratio']:.2f}x fewer SMs)")
+        stream_ctx = torch.cuda.stream(part.stream)
+    with stream_ctx:
+        for i, case in enumerate(args.cases, 1):
+            progress(f"[{i}/{len(args.cases)}] {case.name}: T_total {case.total_tokens}, H {case.heads}, "
+                     f"{case.num_seqs} seq(s), state {case.state}")
+            results["cases"].append(run_case(case, args, copy_bw, use_fla))
+            if on_case is not None:
+                on_case(results)
     return results
