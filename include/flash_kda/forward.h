@@ -102,10 +102,10 @@ ProblemShape validate(const ForwardArgs& args, Target target);
 /// "launch_options.recurrence_warps") before any kernel runs.
 struct LaunchOptions {
   /// SMs the kernels may occupy, for a device partitioned by a CUDA green context or an MPS
-  /// limit (the plan then sizes its grids and waves for that many); 0: the SMs of the current
-  /// context (read from a green context's SM resource where the driver reports it).
-  /// Must not exceed the SMs of the current CUDA context (a green context's partition, else the
-  /// device's count); a value above 132 (the most of any sm_90 part) is planned as 132.
+  /// limit (the plan then sizes its grids and waves for that many); 0: the SMs of the context the
+  /// stream belongs to (a green context's SM resource where the driver reports it, else the
+  /// device's count). Must not exceed that count; a value above 132 (the most of any sm_90
+  /// part) is planned as 132.
   int num_sms = 0;
   /// Tuning and test knobs: windows of this many 16-token chunk slots (> 0), S segments per
   /// sequence (>= 1; 1 turns the segment-parallel path off), window-pass blocks of 4 or 8 warps

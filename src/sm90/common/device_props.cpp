@@ -20,13 +20,16 @@ void check(cudaError_t e, const char* what) {
 using CtxGetCurrent = CUresult (*)(CUcontext*);
 using CtxGetId = CUresult (*)(CUcontext, unsigned long long*);
 using CtxGetDevResource = CUresult (*)(CUcontext, CUdevResource*, CUdevResourceType);
+using StreamGetCtx = CUresult (*)(CUstream, CUcontext*);
 
 // The driver entry points, looked up once; nullptr where the driver lacks them.
 struct Driver {
   CtxGetCurrent get_current = nullptr;
   CtxGetId get_id = nullptr;
   CtxGetDevResource get_resource = nullptr;
+  StreamGetCtx stream_ctx = nullptr;
   Driver() {
+    lookup("cuStreamGetCtx", 9020, stream_ctx);
     lookup("cuCtxGetCurrent", 4000, get_current);
     lookup("cuCtxGetId", 12000, get_id);
     lookup("cuCtxGetDevResource", 12040, get_resource);
@@ -59,7 +62,16 @@ CUcontext current_context() {
   return ctx;
 }
 
-DeviceProps query(int device) {
+// The context `stream` belongs to: for a stream of a green context the CUcontext that stands for
+// it (cuCtxFromGreenCtx's), for the NULL and per-thread streams the current one.
+CUcontext stream_context(CUstream_st* stream) {
+  CUcontext ctx = nullptr;
+  const Driver& d = driver();
+  if (d.stream_ctx != nullptr && d.stream_ctx(stream, &ctx) == CUDA_SUCCESS && ctx != nullptr) return ctx;
+  return current_context();
+}
+
+DeviceProps query(int device, CUstream_st* stream) {
   DeviceProps d;
   d.device = device;
   auto attr = [device](int& out, cudaDeviceAttr a) {
@@ -72,7 +84,7 @@ DeviceProps query(int device) {
   attr(d.smem_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin);
   attr(d.smem_reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock);
   // A green context runs its kernels on its own SM partition: that is the count to plan for.
-  if (CUcontext ctx = current_context(); ctx != nullptr && driver().get_resource != nullptr) {
+  if (CUcontext ctx = stream_context(stream); ctx != nullptr && driver().get_resource != nullptr) {
     CUdevResource res{};
     if (driver().get_resource(ctx, &res, CU_DEV_RESOURCE_TYPE_SM) == CUDA_SUCCESS && res.sm.smCount > 0 &&
         int(res.sm.smCount) < d.num_sms)
@@ -83,19 +95,17 @@ DeviceProps query(int device) {
 
 }  // namespace
 
-uint64_t current_context_key(int device) {
-  CUcontext ctx = current_context();
-  if (ctx == nullptr && driver().get_current != nullptr) {
+uint64_t stream_context_key(int device, CUstream_st* stream) {
+  if (current_context() == nullptr && driver().get_current != nullptr)
     check(cudaSetDevice(device), "cudaSetDevice");  // makes the device's primary context current
-    ctx = current_context();
-  }
+  CUcontext ctx = stream_context(stream);
   unsigned long long id = 0;
   if (ctx != nullptr && driver().get_id != nullptr && driver().get_id(ctx, &id) == CUDA_SUCCESS && id != 0)
     return id;
   return device_key(device);
 }
 
-DeviceProps current_device_props(int device, uint64_t context_key) {
+DeviceProps stream_device_props(int device, uint64_t context_key, CUstream_st* stream) {
   constexpr int kCached = 64;
   struct Entry {
     uint64_t key;
@@ -109,7 +119,7 @@ DeviceProps current_device_props(int device, uint64_t context_key) {
     for (int i = 0; i < used; ++i)
       if (cache[i].key == context_key) return cache[i].props;
   }
-  const DeviceProps props = query(device);  // throws: nothing is cached, the next call asks again
+  const DeviceProps props = query(device, stream);  // throws: nothing is cached, the next call asks again
   const std::lock_guard<std::mutex> lock(mutex);
   if (used < kCached) cache[used++] = {context_key, props};
   return props;

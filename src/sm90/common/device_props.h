@@ -5,10 +5,15 @@
 
 #include <cstdint>
 
+struct CUstream_st;
+
 namespace flash_kda::sm90 {
 
-/// Properties of the current CUDA context's device. num_sms is the SMs the context may use: the
-/// SM resource of a green context (a partition of the device), else the device's count.
+/// Properties of the device of the CUDA context a call's kernels run in: the context of the call's
+/// stream (a stream made in a green context, cuGreenCtxStreamCreate included, belongs to that
+/// green context; the NULL and per-thread streams to the current context). num_sms is the SMs
+/// that context may use: the SM resource of a green context (a partition of the device), else
+/// the device's count.
 struct DeviceProps {
   int device = -1;                  // CUDA device ordinal
   int major = 0, minor = 0;         // compute capability
@@ -18,14 +23,15 @@ struct DeviceProps {
   int smem_reserved_per_block = 0;  // bytes the driver reserves per resident block
 };
 
-/// A key of the current CUDA context, unique for the process's lifetime (cuCtxGetId), made
-/// current for `device` first when no context is current; a key derived from `device` where the
-/// driver has no context ids. Throws CudaError when the device cannot be made current.
-uint64_t current_context_key(int device);
+/// A key of the context `stream` belongs to (the current one for the NULL and per-thread
+/// streams), unique for the process's lifetime (cuCtxGetId); `device`'s primary context is made
+/// current first when no context is current; a key derived from `device` where the driver has
+/// no context ids. Throws CudaError when the device cannot be made current.
+uint64_t stream_context_key(int device, CUstream_st* stream);
 
-/// DeviceProps of the current context (key from current_context_key(device)), queried the first
-/// time per context (up to 64 contexts; more are queried on every call). Throws CudaError when a
-/// query fails.
-DeviceProps current_device_props(int device, uint64_t context_key);
+/// DeviceProps of that context (key from stream_context_key), queried the first time per
+/// context (up to 64 contexts; more are queried on every call). Throws CudaError when a query
+/// fails.
+DeviceProps stream_device_props(int device, uint64_t context_key, CUstream_st* stream);
 
 }  // namespace flash_kda::sm90

@@ -14,7 +14,7 @@ struct CUstream_st;
 namespace flash_kda::sm90 {
 
 /// Stage 1 over the window's slots [p.slot_begin, p.slot_end): k.grid_x = their count,
-/// k.grid_y = HV. `context_key`: current_context_key() (kernel attributes are per context).
+/// k.grid_y = HV. `context_key`: stream_context_key() (kernel attributes are per context).
 cudaError_t launch_prepare(const PrepareParams& p, const KernelLaunch& k, uint64_t context_key, CUstream_st* stream);
 
 /// The state passes (recurrence.cu): recurrence_kernel<warps, WindowPass>, warps 4 or 8.

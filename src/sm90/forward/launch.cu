@@ -53,8 +53,8 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
 
   const int device = a.q.device_id;
   DeviceGuard guard(device);
-  const uint64_t ctx = current_context_key(device);
-  const DeviceProps props = current_device_props(device, ctx);
+  const uint64_t ctx = stream_context_key(device, stream);
+  const DeviceProps props = stream_device_props(device, ctx, stream);
   if (props.major != 9 || props.minor != 0)
     throw Error("q", "tensors on an sm_90 (Hopper) GPU; device " + std::to_string(device) + " is sm_" +
                          std::to_string(props.major) + std::to_string(props.minor));

@@ -18,7 +18,7 @@ size_t workspace_bytes(const ProblemShape& p, const LaunchOptions& options);
 /// when the workspace holds fewer than workspace_bytes(p, options) bytes or is not a 256-byte
 /// aligned pointer (before any kernel launch), Error ("q") when the tensors' device is not
 /// compute capability 9.0, Error ("launch_options.num_sms") when num_sms exceeds the SMs of the
-/// current context, CudaError on a failed CUDA call.
+/// context of `stream`, CudaError on a failed CUDA call.
 void launch_forward(const ForwardArgs& args, const ProblemShape& p, const LaunchOptions& options, void* workspace,
                     size_t have, const WorkspaceAllocator* allocate, Stream stream);
 

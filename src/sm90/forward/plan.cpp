@@ -146,7 +146,7 @@ void validate_options(const LaunchOptions& o) {
 void validate_device_options(const LaunchOptions& o, const DeviceProps& d) {
   if (o.num_sms > d.num_sms)
     throw Error("launch_options.num_sms", "at most the " + std::to_string(d.num_sms) +
-                                              " SMs of the current context of device " + std::to_string(d.device) +
+                                              " SMs of the stream's context on device " + std::to_string(d.device) +
                                               ", got " + std::to_string(o.num_sms));
 }
 

@@ -29,7 +29,7 @@ namespace flash_kda::sm90 {
 /// The most SMs of any sm_90 part; the plan never plans for more (see above).
 inline constexpr int kMaxSms = 132;
 
-/// What a plan is made from. device.num_sms is the count of the current context; options.num_sms,
+/// What a plan is made from. device.num_sms is the count of the stream's context; options.num_sms,
 /// when set, replaces it (after validate_device_options).
 struct PlanInput {
   ProblemShape shape;
@@ -77,7 +77,7 @@ struct Plan {
 /// Checks the options that need no device: num_sms >= 0, window_slots >= 0, segments >= 0,
 /// recurrence_warps in {0, 4, 8}. Throws Error("launch_options.<field>", ...).
 void validate_options(const LaunchOptions& options);
-/// Checks options.num_sms <= device.num_sms (the SMs of the current context). Throws
+/// Checks options.num_sms <= device.num_sms (the SMs of the stream's context). Throws
 /// Error("launch_options.num_sms", ...).
 void validate_device_options(const LaunchOptions& options, const DeviceProps& device);
 
