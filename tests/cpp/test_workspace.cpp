@@ -5,6 +5,8 @@
 #include "test_validate_helpers.h"
 
 #if FLASH_KDA_WITH_CUDA
+#include <cuda_runtime.h>
+
 namespace {
 
 using kda_test::Call;
@@ -77,6 +79,31 @@ TEST(Workspace, BadLaunchOptionsAreNamedErrors) {
   o = {};
   o.recurrence_warps = 6;
   expect(o, "launch_options.recurrence_warps");
+}
+
+// LaunchOptions::num_sms above the SMs of the stream's context: a named error raised with the
+// device's properties, before the allocator is called or any kernel launched (so the fake
+// tensor addresses are never touched). Needs a visible sm_90 device.
+TEST(Workspace, MoreSmsThanTheDeviceIsANamedError) {
+  int n = 0, major = 0, sms = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device visible";
+  }
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  if (major != 9) GTEST_SKIP() << "device 0 is not sm_90 (Hopper)";
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  Call c(cuda_spec(1, 64, 4));
+  flash_kda::LaunchOptions o;
+  o.num_sms = sms + 1;
+  bool allocated = false;
+  try {
+    flash_kda::forward(c.args, [&](size_t) -> void* { allocated = true; return nullptr; }, nullptr, o);
+    FAIL() << "expected flash_kda::Error";
+  } catch (const flash_kda::Error& e) {
+    EXPECT_EQ(e.argument(), "launch_options.num_sms");
+  }
+  EXPECT_FALSE(allocated);
 }
 
 // The size depends on the shape and the forced options, never on options.num_sms: callers size

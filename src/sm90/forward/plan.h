@@ -12,7 +12,10 @@
 // for this shape and these forced options can choose on any sm_90 part (1 to kMaxSms SMs: the
 // largest part, the H100/H200 SXM, has 132), at offsets that do not move with the plan.
 // Every plan's buffers then fit (plan_fits; tested for every SM count 1..132), so a workspace
-// sized once serves every device and partition. A device reporting more than kMaxSms SMs is
+// sized once serves every device and partition. The price: a shape that 132 SMs pipeline (two
+// record buffers of a third of the slots each) is sized for the one window of all slots that a
+// smaller part takes for it, 1.5x the records (still within the 2 GiB record budget); a shape
+// that 132 SMs cut into segments also holds the carry a smaller part's pipelining needs. A device reporting more than kMaxSms SMs is
 // planned for kMaxSms: its extra SMs stay idle in the one-wave decisions, and nothing outgrows
 // the capacity.
 #pragma once
