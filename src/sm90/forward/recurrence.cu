@@ -131,9 +131,9 @@ __device__ __forceinline__ void load_chunk(char* stage, uint64_t* full, const ch
 }
 
 // The producer warp's loop: chunks c_begin .. c_end - 1 into the stage buffers in ring order,
-// each once its buffer is released (common/stage_ring.cuh). Lane 0
-// copies the record; the NW * 32 16-byte pieces of the v rows go kPer to a lane, so `full`
-// counts 1 + 32 arrivals when v is loaded. Rows past the sequence end are zero-filled from the
+// each once its buffer is released (common/stage_ring.cuh). Lane 0 copies the record; the
+// NW * 32 16-byte pieces of the v rows go kPer to a lane, so `full` counts 1 + 32 arrivals when
+// v is loaded. Rows past the sequence end are zero-filled from the
 // last valid row's address (no address outside v).
 template <int NW>
 __device__ __forceinline__ void produce(char* smem, uint64_t* full, uint64_t* empty, const char* rec,
