@@ -208,14 +208,15 @@ TEST(Sm90Plan, BlockWidthAndReservations) {
 
 // The same shapes on the H100 PCIe (114 SMs) and the H20 (78): the decisions follow the SM count.
 TEST(Sm90Plan, DecisionsFollowTheSmCount) {
-  // 16 heads x 8192: 132 / 16 = 8 segments; 114 / 16 = 7 and 78 / 16 = 4 are too few, and the
-  // 32 single-warpgroup blocks leave >= 32 SMs idle: pipelined windows instead.
+  // 16 heads x 8192: 132 / 16 = 8 segments; 114 / 16 = 7 and 78 / 16 = 4 are too few. Pipelined
+  // windows would need a carry the workspace (sized for 132 SMs' segments) does not hold: one
+  // window of single-warpgroup blocks.
   const ProblemShape h16 = shape(1, 8192, 16);
   EXPECT_TRUE(plan_for(h16, 132).segments());
   for (int sms : {114, 78}) {
     const Plan plan = plan_for(h16, sms);
     EXPECT_FALSE(plan.segments()) << sms;
-    EXPECT_EQ(plan.num_windows, 3) << sms;
+    EXPECT_EQ(plan.num_windows, 1) << sms;
     EXPECT_EQ(plan.window_warps, 4) << sms;
   }
   // 4 heads x 65536: segments everywhere, fewer where there are fewer SMs.
@@ -224,15 +225,20 @@ TEST(Sm90Plan, DecisionsFollowTheSmCount) {
   EXPECT_EQ(plan_for(shape(1, 65536, 8), 78).max_segs, 9);    // 78 / 8 = 9
   EXPECT_EQ(plan_for(shape(1, 65536, 8), 132).max_segs, 16);
   // 32 heads x 8192: 64 single-warpgroup blocks, pipelined on 132 and 114 SMs (68 / 50 left
-  // idle); on 78 they leave 14 idle: one window.
+  // idle); on 78 they leave 14 idle, but one window's records would outgrow the workspace of
+  // 132 SMs' three windows: the three windows, on 78 SMs.
   EXPECT_EQ(plan_for(shape(1, 8192, 32), 132).num_windows, 3);
   EXPECT_EQ(plan_for(shape(1, 8192, 32), 114).num_windows, 3);
-  EXPECT_EQ(plan_for(shape(1, 8192, 32), 78).num_windows, 1);
+  EXPECT_EQ(plan_for(shape(1, 8192, 32), 78).num_windows, 3);
   EXPECT_EQ(plan_for(shape(1, 8192, 32), 78).window_warps, 4);
-  // 96 heads x 8192: 8-warp blocks everywhere; pipelined only where 96 blocks leave 32 idle.
+  // 96 heads x 8192: 8-warp blocks everywhere; 132 SMs pipeline (96 blocks leave 36 idle), and
+  // the smaller parts keep those windows within the same workspace.
   EXPECT_EQ(plan_for(shape(1, 8192, 96), 132).num_windows, 3);
-  EXPECT_EQ(plan_for(shape(1, 8192, 96), 114).num_windows, 1);
-  EXPECT_EQ(plan_for(shape(1, 8192, 96), 78).num_windows, 1);
+  EXPECT_EQ(plan_for(shape(1, 8192, 96), 114).num_windows, 3);
+  EXPECT_EQ(plan_for(shape(1, 8192, 96), 78).num_windows, 3);
+  // A shape 132 SMs run in one window, 78 SMs run in one window too.
+  EXPECT_EQ(plan_for(shape(1, 8192, 64), 132).num_windows, 1);
+  EXPECT_EQ(plan_for(shape(1, 8192, 64), 78).num_windows, 1);
   // Block width: 4 warps while twice the pairs fit the SMs.
   EXPECT_EQ(plan_for(shape(1, 1024, 48), 132).window_warps, 4);
   EXPECT_EQ(plan_for(shape(1, 1024, 48), 78).window_warps, 8);
@@ -299,15 +305,19 @@ TEST(Sm90Plan, WorkspaceCapacityCoversEverySmCount) {
   EXPECT_GT(checked, 100000);
 }
 
-// The capacity at 132 SMs is today's workspace plus, where a smaller part could pipeline instead
-// of taking segments, the carry: the case the H20 and H100 PCIe need.
-TEST(Sm90Plan, CapacityCoversPipeliningWhere132TakesSegments) {
-  const ProblemShape h16 = shape(1, 8192, 16);
-  const WorkspaceLayout at = flash_kda::sm90::workspace_layout(h16, {});
-  EXPECT_GT(at.seg_states_cap, 0u);
-  EXPECT_GT(at.carry_cap, 0u);
-  EXPECT_TRUE(flash_kda::sm90::plan_fits(plan_for(h16, 78), at));
-  EXPECT_TRUE(flash_kda::sm90::plan_fits(plan_for(h16, 132), at));
+// The workspace is the 132-SM plan's buffers, byte for byte: a smaller part adds nothing to it.
+TEST(Sm90Plan, WorkspaceIsTheLargestPartsPlan) {
+  for (const ProblemShape& p : {shape(1, 8192, 16), shape(1, 8192, 32), shape(1, 8192, 96), shape(1, 65536, 4),
+                                shape(1, 1024, 4), shape(8, 1024, 96)}) {
+    const WorkspaceLayout at = flash_kda::sm90::workspace_layout(p, {});
+    const Plan full = plan_for(p, 132);
+    EXPECT_EQ(at.records_cap, full.records_bytes) << name(p);
+    EXPECT_EQ(at.carry_cap, full.carry_bytes) << name(p);
+    EXPECT_EQ(at.done_cap, full.done_bytes) << name(p);
+    EXPECT_EQ(at.seg_maps_cap, full.seg_maps_bytes) << name(p);
+    EXPECT_EQ(at.seg_states_cap, full.seg_states_bytes) << name(p);
+    for (int sms : {78, 114}) EXPECT_TRUE(flash_kda::sm90::plan_fits(plan_for(p, sms), at)) << name(p) << sms;
+  }
 }
 
 TEST(Sm90Plan, BadOptionsAreNamed) {

@@ -168,6 +168,59 @@ KernelLaunch Plan::prepare_launch(int64_t w) const {
   return k;
 }
 
+namespace {
+
+// The decisions that size the workspace: windows, pipelining, segments, and the buffers they
+// need, on `sms` SMs (pipelining only when `pipelining`).
+struct Memory {
+  int64_t window_slots = 0, num_windows = 0, seg_len = 0, max_segs = 1;
+  size_t records = 0, carry = 0, done = 0, seg_maps = 0, seg_states = 0;
+  bool fits(const Memory& cap) const {
+    return records <= cap.records && carry <= cap.carry && done <= cap.done && seg_maps <= cap.seg_maps &&
+           seg_states <= cap.seg_states;
+  }
+};
+
+Memory decide_memory(const ProblemShape& p, const Shape& s, const LaunchOptions& o, int64_t sms, bool pipelining) {
+  Memory m;
+  const int64_t segs = s.segments(o, sms);
+  s.budget_windows(o, m.window_slots, m.num_windows);
+  const bool segments = m.num_windows == 1 && segs > 1 && s.max_chunks > 1;
+  if (o.window_slots == 0 && !segments) {
+    if (m.num_windows > 1)  // two buffers within the budget
+      s.windows(std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget / 2) / s.per_slot), m.window_slots,
+                m.num_windows);
+    else if (pipelining && s.max_chunks >= kPipelineMinChunks &&
+             s.pairs * recurrence_column_blocks(window_warps_for(s.pairs, sms, o.recurrence_warps)) <=
+                 sms - kPipelineIdleSMs)
+      s.windows((s.total_slots + kPipelineWindows - 1) / kPipelineWindows, m.window_slots, m.num_windows);
+  }
+  const bool windows = m.num_windows > 1;
+  m.records = size_t(m.window_slots) * size_t(s.per_slot) * (windows ? 2 : 1);
+  m.carry = windows ? 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float) : 0;
+  m.done = windows ? size_t(m.num_windows) * sizeof(uint32_t) : 0;
+  if (segments) {
+    s.segment_split(segs, m.seg_len, m.max_segs);
+    const size_t per_seg = s.per_seg(p);
+    m.seg_maps = 2 * per_seg * size_t(m.max_segs - 1);
+    m.seg_states = per_seg * size_t(m.max_segs);
+  }
+  return m;
+}
+
+// The decisions for `sms` SMs within the workspace of the largest part (plan.h): the part's own
+// choice when its buffers fit, else the same without pipelining, else the largest part's.
+Memory memory_within_capacity(const ProblemShape& p, const Shape& s, const LaunchOptions& o, int64_t sms) {
+  const Memory own = decide_memory(p, s, o, sms, true);
+  if (sms >= kMaxSms) return own;
+  const Memory cap = decide_memory(p, s, o, kMaxSms, true);
+  if (own.fits(cap)) return own;
+  const Memory plain = decide_memory(p, s, o, sms, false);
+  return plain.fits(cap) ? plain : cap;
+}
+
+}  // namespace
+
 Plan make_plan(const PlanInput& in) {
   const ProblemShape& p = in.shape;
   const LaunchOptions& o = in.options;
@@ -186,21 +239,13 @@ Plan make_plan(const PlanInput& in) {
                             kExclusiveBytes + kPrepareSmemBytes + 2 * d.smem_reserved_per_block > d.smem_per_sm;
 
   plan.window_warps = window_warps_for(s.pairs, sms, o.recurrence_warps);
-  const int64_t segs = s.segments(o, sms);
-  s.budget_windows(o, plan.window_slots, plan.num_windows);
-  const bool segments = plan.num_windows == 1 && segs > 1 && s.max_chunks > 1;
-  if (o.window_slots == 0 && !segments) {
-    if (plan.num_windows > 1)  // two buffers within the budget
-      s.windows(std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget / 2) / s.per_slot), plan.window_slots,
-                plan.num_windows);
-    else if (s.max_chunks >= kPipelineMinChunks &&
-             s.pairs * recurrence_column_blocks(plan.window_warps) <= sms - kPipelineIdleSMs)
-      s.windows((plan.total_slots + kPipelineWindows - 1) / kPipelineWindows, plan.window_slots, plan.num_windows);
-  }
+  const Memory m = memory_within_capacity(p, s, o, sms);
+  plan.window_slots = m.window_slots;
+  plan.num_windows = m.num_windows;
+  plan.records_bytes = m.records;
+  plan.carry_bytes = m.carry;
+  plan.done_bytes = m.done;
   const bool windows = plan.num_windows > 1;
-  plan.records_bytes = size_t(plan.window_slots) * size_t(s.per_slot) * (windows ? 2 : 1);
-  plan.carry_bytes = windows ? 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float) : 0;
-  plan.done_bytes = windows ? size_t(plan.num_windows) * sizeof(uint32_t) : 0;
 
   const uint64_t HV = static_cast<uint64_t>(p.value_heads);
   plan.prepare.grid_x = static_cast<uint32_t>(plan.window_end(0) - plan.window_begin(0));
@@ -208,11 +253,11 @@ Plan make_plan(const PlanInput& in) {
   plan.prepare.block = kPrepareThreads;
   plan.prepare.dependent = false;
 
-  if (segments) {
-    s.segment_split(segs, plan.seg_len, plan.max_segs);
-    const size_t per_seg = s.per_seg(p);
-    plan.seg_maps_bytes = 2 * per_seg * size_t(plan.max_segs - 1);
-    plan.seg_states_bytes = per_seg * size_t(plan.max_segs);
+  if (m.seg_len > 0) {
+    plan.seg_len = m.seg_len;
+    plan.max_segs = m.max_segs;
+    plan.seg_maps_bytes = m.seg_maps;
+    plan.seg_states_bytes = m.seg_states;
     // Block x: segment x % max_segs of sequence x / max_segs; z: column blocks (x P and Q).
     const uint64_t gx = uint64_t(p.num_seqs) * uint64_t(plan.max_segs);
     const uint64_t cb = recurrence_column_blocks(kSegmentWarps);
@@ -237,47 +282,13 @@ Plan make_plan(const PlanInput& in) {
 }
 
 WorkspaceLayout workspace_layout(const ProblemShape& p, const LaunchOptions& o) {
-  const Shape s(p);
+  const Memory m = decide_memory(p, Shape(p), o, kMaxSms, true);
   WorkspaceLayout at;
-  int64_t window_slots = 0, num_windows = 0;
-  s.budget_windows(o, window_slots, num_windows);
-  if (num_windows > 1) {
-    // Several windows whatever the SM count: with a forced size, or by the budget (then halved
-    // for two buffers). Neither depends on the SMs, nor do the carry and done buffers.
-    if (o.window_slots == 0)
-      s.windows(std::max<int64_t>(kMinWindowSlots, int64_t(kRecordBudget / 2) / s.per_slot), window_slots,
-                num_windows);
-    at.records_cap = 2 * size_t(window_slots) * size_t(s.per_slot);
-    at.carry_cap = 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float);
-    at.done_cap = size_t(num_windows) * sizeof(uint32_t);
-  } else {
-    // One window by the budget: the plan may take segments or pipelining depending on the SMs.
-    // Segments: the most segments (and so the largest buffers: max_segs grows with the segment
-    // count) come with the most SMs, kMaxSms; a forced count does not depend on the SMs.
-    const int64_t segs = s.segments(o, kMaxSms);
-    if (segs > 1 && s.max_chunks > 1) {
-      int64_t seg_len = 0, max_segs = 1;
-      s.segment_split(segs, seg_len, max_segs);
-      at.seg_maps_cap = 2 * s.per_seg(p) * size_t(max_segs - 1);
-      at.seg_states_cap = s.per_seg(p) * size_t(max_segs);
-    }
-    // Pipelining: possible on some SM count when no segment count is forced and the state pass
-    // of pairs x (at least one, or the forced warps' count of) column blocks can leave
-    // kPipelineIdleSMs of at most kMaxSms idle: a necessary condition, so the capacity may hold a
-    // carry that no plan for this shape uses, never the reverse.
-    const int64_t min_blocks = o.recurrence_warps != 0 ? recurrence_column_blocks(o.recurrence_warps) : 1;
-    const bool forced_segments = o.segments > 0 && std::min<int64_t>(o.segments, s.max_chunks) > 1 && s.max_chunks > 1;
-    const bool may_pipeline = o.window_slots == 0 && !forced_segments && s.max_chunks >= kPipelineMinChunks &&
-                              s.pairs * min_blocks <= kMaxSms - kPipelineIdleSMs;
-    const int64_t one = window_slots;  // every slot
-    at.records_cap = size_t(one) * size_t(s.per_slot);
-    if (may_pipeline) {
-      const int64_t third = (s.total_slots + kPipelineWindows - 1) / kPipelineWindows;
-      at.records_cap = std::max(at.records_cap, 2 * size_t(third) * size_t(s.per_slot));
-      at.carry_cap = 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float);
-      at.done_cap = size_t((s.total_slots + third - 1) / third) * sizeof(uint32_t);
-    }
-  }
+  at.records_cap = m.records;
+  at.carry_cap = m.carry;
+  at.seg_maps_cap = m.seg_maps;
+  at.seg_states_cap = m.seg_states;
+  at.done_cap = m.done;
   at.carry = round_up(at.records_cap);
   at.seg_maps = at.carry + round_up(at.carry_cap);
   at.seg_states = at.seg_maps + round_up(at.seg_maps_cap);

@@ -6,18 +6,16 @@
 // Why the workspace depends on the shape alone. forward_workspace_size is called before the
 // caller picks a device or a partition of one (a green context, an MPS limit), but the plan's
 // choices depend on the SM count: segments are taken only when num_sms / pairs >= 8, pipelined
-// windows only when the state pass leaves >= 32 SMs idle, and a device with fewer SMs can choose
-// pipelining where 132 SMs choose segments, or the other way round. So the workspace is not the
-// plan's buffers but a capacity (workspace_layout): each buffer sized for the largest any plan
-// for this shape and these forced options can choose on any sm_90 part (1 to kMaxSms SMs: the
-// largest part, the H100/H200 SXM, has 132), at offsets that do not move with the plan.
-// Every plan's buffers then fit (plan_fits; tested for every SM count 1..132), so a workspace
-// sized once serves every device and partition. The price: a shape that 132 SMs pipeline (two
-// record buffers of a third of the slots each) is sized for the one window of all slots that a
-// smaller part takes for it, 1.5x the records (still within the 2 GiB record budget); a shape
-// that 132 SMs cut into segments also holds the carry a smaller part's pipelining needs. A device reporting more than kMaxSms SMs is
-// planned for kMaxSms: its extra SMs stay idle in the one-wave decisions, and nothing outgrows
-// the capacity.
+// windows only when the state pass leaves >= 32 SMs idle. So the workspace is sized by the plan
+// of the largest sm_90 part (kMaxSms = 132 SMs, the H100/H200 SXM), at offsets that do not move
+// (workspace_layout), and a plan for fewer SMs keeps its buffers within it (plan_fits; tested for
+// every SM count): it takes its own choice when that fits, else the same without pipelining,
+// else the largest part's windows and segments with its own grids. Fewer SMs never need more
+// segments (the count grows with the SMs), and never pipeline where 132 SMs do not (pipelining
+// needs idle SMs), so the fallback only arises where 132 SMs pipeline or take segments and the
+// smaller part would not: it then runs the three pipelined windows or the segments of the
+// larger part (correct on any count; the waves are the smaller part's). A device reporting more
+// than kMaxSms SMs is planned for kMaxSms: its extra SMs stay idle in the one-wave decisions.
 #pragma once
 
 #include <cstddef>
