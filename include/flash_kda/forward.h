@@ -61,6 +61,11 @@ struct ForwardArgs {
   TensorView cu_seqlens;     ///< optional: varlen batch when given (then B must be 1)
   TensorView initial_state;  ///< optional: zero state when absent
   TensorView final_state;    ///< optional: not written when absent
+  /// Optional host copy of cu_seqlens's values (int64 or int32 [N + 1], like cu_seqlens),
+  /// e.g. the one fla keeps as cu_seqlens_cpu. When given, validate() checks its values
+  /// (cu[0] == 0, non-decreasing, cu[N] == T_total) on every target at no cost to the GPU;
+  /// the call then trusts that it equals cu_seqlens. Never read by the kernels.
+  TensorView cu_seqlens_cpu;
 
   GateMode gate = GateMode::SafeSigmoid;
   StateLayout state_layout = StateLayout::VFirst;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "flash_kda/call_table.h"
 #include "flash_kda/forward.h"
 #include "host/checks.h"
 #include "host/problem.h"
@@ -15,7 +16,6 @@ namespace flash_kda {
 namespace {
 
 using detail::check_contiguous;
-using detail::check_dtype;
 using detail::check_rank;
 using detail::check_sane;
 using detail::check_shape;
@@ -28,12 +28,17 @@ struct Named {
   const char* name;
 };
 
-// Every tensor of the call, in the order errors are reported.
-std::vector<Named> all_tensors(const ForwardArgs& a) {
-  return {{&a.q, "q"},         {&a.k, "k"},           {&a.v, "v"},
-          {&a.g, "g"},         {&a.beta, "beta"},     {&a.out, "out"},
-          {&a.A_log, "A_log"}, {&a.dt_bias, "dt_bias"}, {&a.cu_seqlens, "cu_seqlens"},
-          {&a.initial_state, "initial_state"}, {&a.final_state, "final_state"}};
+const TensorView& field(const ForwardArgs& a, const TensorSpec& spec) { return a.*(spec.member); }
+
+// The table's dtype rule of `name` for `target`, with its reason where Sm90 accepts fewer.
+void check_table_dtype(const ForwardArgs& a, const char* name, Target target) {
+  const TensorSpec& spec = tensor_spec(name);
+  const DTypeSet allowed = accepted_dtypes(spec, target);
+  const TensorView& t = field(a, spec);
+  if (dtype_in(allowed, t.dtype)) return;
+  std::string msg = "expected dtype " + dtype_list(allowed);
+  if (target == Target::Sm90 && allowed != spec.reference && spec.sm90_why[0]) msg += std::string(" (") + spec.sm90_why + ")";
+  throw Error(name, msg + ", got " + dtype_name(t.dtype));
 }
 
 // The kernels load q, k, v and g with 16-byte cp.async, store out with 16-byte vectors and
@@ -42,12 +47,16 @@ std::vector<Named> all_tensors(const ForwardArgs& a) {
 constexpr uintptr_t kSm90Alignment = 16;
 
 void check_placement(const ForwardArgs& a, Target target) {
-  for (const Named& n : all_tensors(a)) {
-    const TensorView& t = *n.t;
+  for (const TensorSpec& spec : kForwardTensors) {
+    const TensorView& t = field(a, spec);
+    const Named n{&t, spec.name};
     if (t.ndim < 0) check_sane(t, n.name);  // corrupt, not absent: never treat it as "not given"
     if (!t.defined()) continue;
     check_sane(t, n.name);
-    if (target == Target::CpuReference) {
+    if (spec.host_only) {
+      if (t.device != DeviceType::CPU)
+        throw Error(n.name, "is on " + device_str(t) + "; it is the host copy of cu_seqlens, a host tensor is needed");
+    } else if (target == Target::CpuReference) {
       if (t.device != DeviceType::CPU)
         throw Error(n.name, "is on " + device_str(t) + ", the CPU reference (reference_forward) needs host tensors");
     } else {
@@ -65,7 +74,7 @@ void check_placement(const ForwardArgs& a, Target target) {
 
 // Sizes from q and v; the rest of the activations must agree with them.
 void check_activation_shapes(const ForwardArgs& a, ProblemShape& p) {
-  check_rank(a.q, "q", 4, "[B, T, H, K]");
+  check_rank(a.q, "q", 4, tensor_spec("q").shape);
   p.batch = a.q.shape[0];
   p.seqlen = a.q.shape[1];
   p.heads = a.q.shape[2];
@@ -73,9 +82,9 @@ void check_activation_shapes(const ForwardArgs& a, ProblemShape& p) {
   if (p.batch <= 0) throw Error("q", "batch B = q.shape[0] must be > 0, got shape " + shape_str(a.q));
   if (p.heads <= 0) throw Error("q", "heads H = q.shape[2] must be > 0, got shape " + shape_str(a.q));
   if (p.head_dim_k <= 0) throw Error("q", "head dim K = q.shape[3] must be > 0, got shape " + shape_str(a.q));
-  check_shape(a.k, "k", {p.batch, p.seqlen, p.heads, p.head_dim_k}, "[B, T, H, K]", "like q");
+  check_shape(a.k, "k", {p.batch, p.seqlen, p.heads, p.head_dim_k}, tensor_spec("k").shape, "like q");
 
-  check_rank(a.v, "v", 4, "[B, T, HV, V]");
+  check_rank(a.v, "v", 4, tensor_spec("v").shape);
   if (a.v.shape[0] != p.batch || a.v.shape[1] != p.seqlen)
     throw Error("v", "expected shape [" + std::to_string(p.batch) + ", " + std::to_string(p.seqlen) +
                          ", HV, V] (B, T of q), got " + shape_str(a.v));
@@ -88,61 +97,61 @@ void check_activation_shapes(const ForwardArgs& a, ProblemShape& p) {
                          std::to_string(p.heads) + " (GVA: value head hv reads q/k head hv / (HV / H))");
 
   const int64_t B = p.batch, T = p.seqlen, HV = p.value_heads;
-  check_shape(a.g, "g", {B, T, HV, p.head_dim_k}, "[B, T, HV, K]", "from q and v");
-  check_shape(a.beta, "beta", {B, T, HV}, "[B, T, HV]", "from q and v");
-  check_shape(a.out, "out", {B, T, HV, p.head_dim_v}, "[B, T, HV, V]", "like v");
+  check_shape(a.g, "g", {B, T, HV, p.head_dim_k}, tensor_spec("g").shape, "from q and v");
+  check_shape(a.beta, "beta", {B, T, HV}, tensor_spec("beta").shape, "from q and v");
+  check_shape(a.out, "out", {B, T, HV, p.head_dim_v}, tensor_spec("out").shape, "like v");
 }
 
 void check_activation_dtypes(const ForwardArgs& a, Target target) {
-  if (target == Target::Sm90) {
-    const char* why = "the Sm90 kernels read bf16 q, k, v; use reference_forward for fp32";
-    check_dtype(a.q, "q", {DType::BF16}, why);
-    check_dtype(a.k, "k", {DType::BF16}, why);
-    check_dtype(a.v, "v", {DType::BF16}, why);
-    check_dtype(a.out, "out", {DType::BF16}, "the Sm90 kernels write bf16 out");
-  } else {
-    check_dtype(a.q, "q", {DType::BF16, DType::F32});
-    check_dtype(a.k, "k", {DType::BF16, DType::F32});
-    check_dtype(a.v, "v", {DType::BF16, DType::F32});
-    check_dtype(a.out, "out", {DType::BF16, DType::F32, DType::F64});
-  }
-  check_dtype(a.g, "g", {DType::BF16, DType::F32});
-  check_dtype(a.beta, "beta", {DType::BF16, DType::F32});
+  for (const char* name : {"q", "k", "v", "out", "g", "beta"}) check_table_dtype(a, name, target);
 }
 
-// Fills num_seqs; reads cu_seqlens values only where they are on the host (the reference).
-void check_sequences(const ForwardArgs& a, Target target, ProblemShape& p) {
-  p.varlen = a.cu_seqlens.defined();
-  if (!p.varlen) {
-    p.num_seqs = p.batch;
-    return;
-  }
-  const TensorView& cu = a.cu_seqlens;
-  check_dtype(cu, "cu_seqlens", {DType::I64, DType::I32});
-  check_rank(cu, "cu_seqlens", 1, "[N + 1]");
-  if (cu.shape[0] < 2)
-    throw Error("cu_seqlens", "expected length N + 1 >= 2 (at least one sequence), got shape " + shape_str(cu));
-  if (p.batch != 1)
-    throw Error("cu_seqlens", "given with batch B = q.shape[0] = " + std::to_string(p.batch) +
-                                  "; a varlen batch packs all sequences into B = 1");
-  p.num_seqs = cu.shape[0] - 1;
-  // The GPU path cannot read device values without a host sync; the reference checks them.
-  if (target != Target::CpuReference || cu.device != DeviceType::CPU) return;
+// The rules on cu_seqlens's values: cu[0] == 0, non-decreasing, cu[N] == T_total. `cu` is a
+// host tensor whose dtype and length were checked; `where` is appended to each message.
+void check_cu_seqlens_values(const TensorView& cu, const ProblemShape& p, const std::string& where) {
   const int64_t first = detail::host_cu_seqlens(cu, 0);
-  if (first != 0) throw Error("cu_seqlens", "cu_seqlens[0] must be 0, got " + std::to_string(first));
+  if (first != 0) throw Error("cu_seqlens", "cu_seqlens[0] must be 0, got " + std::to_string(first) + where);
   int64_t prev = first;
   for (int64_t i = 1; i <= p.num_seqs; ++i) {
     const int64_t cur = detail::host_cu_seqlens(cu, i);
     if (cur < prev)
       throw Error("cu_seqlens", "must be non-decreasing, got cu_seqlens[" + std::to_string(i) + "] = " +
                                     std::to_string(cur) + " < cu_seqlens[" + std::to_string(i - 1) +
-                                    "] = " + std::to_string(prev));
+                                    "] = " + std::to_string(prev) + where);
     prev = cur;
   }
   if (prev != p.seqlen)
     throw Error("cu_seqlens", "last entry cu_seqlens[N = " + std::to_string(p.num_seqs) +
                                   "] must equal the total tokens T_total = q.shape[1] = " +
-                                  std::to_string(p.seqlen) + ", got " + std::to_string(prev));
+                                  std::to_string(p.seqlen) + ", got " + std::to_string(prev) + where);
+}
+
+// Fills num_seqs; reads cu_seqlens values where they are on the host (the reference) and those
+// of the host copy cu_seqlens_cpu when one is given (any target).
+void check_sequences(const ForwardArgs& a, Target target, ProblemShape& p) {
+  const TensorView& host = a.cu_seqlens_cpu;
+  p.varlen = a.cu_seqlens.defined();
+  if (!p.varlen) {
+    if (host.defined()) throw Error("cu_seqlens_cpu", "is given without cu_seqlens; pass both or neither");
+    p.num_seqs = p.batch;
+    return;
+  }
+  const TensorView& cu = a.cu_seqlens;
+  check_table_dtype(a, "cu_seqlens", target);
+  check_rank(cu, "cu_seqlens", 1, tensor_spec("cu_seqlens").shape);
+  if (cu.shape[0] < 2)
+    throw Error("cu_seqlens", "expected length N + 1 >= 2 (at least one sequence), got shape " + shape_str(cu));
+  if (p.batch != 1)
+    throw Error("cu_seqlens", "given with batch B = q.shape[0] = " + std::to_string(p.batch) +
+                                  "; a varlen batch packs all sequences into B = 1");
+  p.num_seqs = cu.shape[0] - 1;
+  if (host.defined()) {
+    check_table_dtype(a, "cu_seqlens_cpu", target);
+    check_shape(host, "cu_seqlens_cpu", {cu.shape[0]}, tensor_spec("cu_seqlens_cpu").shape, "like cu_seqlens");
+    check_cu_seqlens_values(host, p, " (read from its host copy cu_seqlens_cpu)");
+  }
+  // The GPU path cannot read device values without a host sync; the reference checks them.
+  if (target == Target::CpuReference && cu.device == DeviceType::CPU) check_cu_seqlens_values(cu, p, "");
 }
 
 void check_states(const ForwardArgs& a, Target target, const ProblemShape& p) {
@@ -150,13 +159,10 @@ void check_states(const ForwardArgs& a, Target target, const ProblemShape& p) {
   const std::vector<int64_t> dims =
       v_first ? std::vector<int64_t>{p.num_seqs, p.value_heads, p.head_dim_v, p.head_dim_k}
               : std::vector<int64_t>{p.num_seqs, p.value_heads, p.head_dim_k, p.head_dim_v};
-  const std::string meaning = v_first ? "[N, HV, V, K] (StateLayout::VFirst)" : "[N, HV, K, V] (StateLayout::KFirst)";
+  const std::string meaning = v_first ? "[N, HV, V, K] (v-first state layout)" : "[N, HV, K, V] (k-first state layout)";
   for (const Named n : {Named{&a.initial_state, "initial_state"}, Named{&a.final_state, "final_state"}}) {
     if (!n.t->defined()) continue;
-    if (target == Target::Sm90)
-      check_dtype(*n.t, n.name, {DType::BF16, DType::F32});
-    else
-      check_dtype(*n.t, n.name, {DType::BF16, DType::F32, DType::F64});
+    check_table_dtype(a, n.name, target);
     check_shape(*n.t, n.name, dims, meaning, p.varlen ? "with N = len(cu_seqlens) - 1" : "with N = B");
   }
   if (a.initial_state.defined() && a.final_state.defined() && a.initial_state.dtype != a.final_state.dtype)
@@ -169,19 +175,20 @@ void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
     throw Error("gate", "expected SafeSigmoid, Softplus or PreGated, got value " + std::to_string(static_cast<int>(a.gate)));
   if (a.gate == GateMode::PreGated) {
     // Silently ignoring them would hide a caller who believes the gate is being applied.
-    if (a.A_log.defined()) throw Error("A_log", "is unused with GateMode::PreGated (gate=\"none\" in Python: a = g); pass an absent tensor");
-    if (a.dt_bias.defined()) throw Error("dt_bias", "is unused with GateMode::PreGated (gate=\"none\" in Python: a = g); pass an absent tensor");
+    const char* why = "is unused with the pre-computed gate (a = g: gate 'none' in Python, GateMode::PreGated in C++); pass none";
+    if (a.A_log.defined()) throw Error("A_log", why);
+    if (a.dt_bias.defined()) throw Error("dt_bias", why);
   }
   if (target == Target::Sm90 && a.gate == GateMode::SafeSigmoid) {
     if (!a.A_log.defined()) throw Error("A_log", "is required by the Sm90 safe gate (fp32 [HV]), got an absent tensor");
     if (!a.dt_bias.defined()) throw Error("dt_bias", "is required by the Sm90 safe gate (fp32 [HV, K]), got an absent tensor");
   }
   if (a.A_log.defined()) {
-    check_dtype(a.A_log, "A_log", {DType::F32});
-    check_shape(a.A_log, "A_log", {p.value_heads}, "[HV]", "from v");
+    check_table_dtype(a, "A_log", target);
+    check_shape(a.A_log, "A_log", {p.value_heads}, tensor_spec("A_log").shape, "from v");
   }
   if (a.dt_bias.defined()) {
-    check_dtype(a.dt_bias, "dt_bias", {DType::F32});
+    check_table_dtype(a, "dt_bias", target);
     const int64_t HV = p.value_heads, K = p.head_dim_k;
     const bool ok = (a.dt_bias.ndim == 2 && a.dt_bias.shape[0] == HV && a.dt_bias.shape[1] == K) ||
                     (a.dt_bias.ndim == 1 && a.dt_bias.shape[0] == HV * K);
@@ -208,15 +215,16 @@ void check_flags(const ForwardArgs& a, Target target) {
 // What the sm_90a kernels implement today; everything else runs on the reference only.
 void check_sm90_subset(const ForwardArgs& a, const ProblemShape& p) {
   const std::string subset =
-      "Sm90 supports K = V = 128, GateMode::SafeSigmoid, use_qk_l2norm, use_beta_sigmoid, "
-      "no allow_neg_eigval and StateLayout::VFirst; use reference_forward otherwise";
+      "the Sm90 kernels support K = V = 128, the safe gate, use_qk_l2norm, use_beta_sigmoid, "
+      "no allow_neg_eigval and v-first states; the reference (reference_forward, flash_kda.reference) "
+      "covers the rest";
   if (p.head_dim_k != 128) throw Error("q", "head dim K = " + std::to_string(p.head_dim_k) + " unsupported: " + subset);
   if (p.head_dim_v != 128) throw Error("v", "head dim V = " + std::to_string(p.head_dim_v) + " unsupported: " + subset);
   if (a.gate != GateMode::SafeSigmoid) throw Error("gate", "unsupported: " + subset);
   if (!a.use_qk_l2norm) throw Error("use_qk_l2norm", "false is unsupported: " + subset);
   if (!a.use_beta_sigmoid) throw Error("use_beta_sigmoid", "false is unsupported: " + subset);
   if (a.allow_neg_eigval) throw Error("allow_neg_eigval", "true is unsupported: " + subset);
-  if (a.state_layout != StateLayout::VFirst) throw Error("state_layout", "KFirst is unsupported: " + subset);
+  if (a.state_layout != StateLayout::VFirst) throw Error("state_layout", "k-first is unsupported: " + subset);
 
   // Chunk slots (16-token chunks plus one per sequence) and grid dims are 32-bit in the kernels.
   constexpr int64_t kInt32Limit = int64_t{1} << 31;
@@ -234,11 +242,9 @@ void check_sm90_subset(const ForwardArgs& a, const ProblemShape& p) {
 // Outputs are written while inputs are still being read, so any overlap is a race; the one
 // exception is an exact in-place state update, which every target reads before it writes.
 void check_aliasing(const ForwardArgs& a) {
-  const std::vector<Named> inputs = {{&a.q, "q"},         {&a.k, "k"},
-                                     {&a.v, "v"},         {&a.g, "g"},
-                                     {&a.beta, "beta"},   {&a.A_log, "A_log"},
-                                     {&a.dt_bias, "dt_bias"}, {&a.cu_seqlens, "cu_seqlens"},
-                                     {&a.initial_state, "initial_state"}};
+  std::vector<Named> inputs;
+  for (const TensorSpec& spec : kForwardTensors)
+    if (spec.role == TensorRole::Input) inputs.push_back({&field(a, spec), spec.name});
   for (const Named& in : inputs)
     if (in.t->defined() && detail::overlaps(a.out, *in.t))
       throw Error("out", std::string("overlaps input ") + in.name + "; out must be a separate buffer");
@@ -263,9 +269,8 @@ void check_aliasing(const ForwardArgs& a) {
 ProblemShape validate(const ForwardArgs& args, Target target) {
   if (target != Target::CpuReference && target != Target::Sm90)
     throw Error("target", "expected Target::CpuReference or Target::Sm90");
-  for (const Named& n : {Named{&args.q, "q"}, Named{&args.k, "k"}, Named{&args.v, "v"}, Named{&args.g, "g"},
-                         Named{&args.beta, "beta"}, Named{&args.out, "out"}})
-    detail::require_present(*n.t, n.name);
+  for (const TensorSpec& spec : kForwardTensors)
+    if (!spec.optional) detail::require_present(field(args, spec), spec.name);
   check_placement(args, target);
   ProblemShape p;
   check_activation_shapes(args, p);

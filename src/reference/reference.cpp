@@ -6,6 +6,7 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -157,6 +158,8 @@ void run_all(const Plan& plan, int num_threads) {
 }  // namespace
 
 void reference_forward(const ForwardArgs& args, int num_threads) {
+  if (num_threads < 0)
+    throw Error("num_threads", "must be >= 0 (0 = one per hardware thread), got " + std::to_string(num_threads));
   const ProblemShape p = validate(args, Target::CpuReference);
   const int64_t HV = p.value_heads, K = p.head_dim_k, V = p.head_dim_v;
 

@@ -5,7 +5,7 @@
 namespace kda_test {
 namespace {
 
-const char* kSubset = "Sm90 supports K = V = 128, GateMode::SafeSigmoid";
+const char* kSubset = "the Sm90 kernels support K = V = 128, the safe gate";
 
 TEST(ValidateSm90, HeadDims) {
   Spec s = sm90_spec();
@@ -43,7 +43,7 @@ TEST(ValidateSm90, Flags) {
 TEST(ValidateSm90, KFirstStates) {
   Call c(sm90_spec());
   c.args.state_layout = StateLayout::KFirst;  // K = V, so the shapes still match
-  expect_invalid(c.args, Target::Sm90, "state_layout", {"KFirst is unsupported", kSubset});
+  expect_invalid(c.args, Target::Sm90, "state_layout", {"k-first is unsupported", kSubset});
 }
 
 TEST(ValidateSm90, GvaAndVarlenAccepted) {

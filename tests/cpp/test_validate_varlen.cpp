@@ -33,7 +33,7 @@ TEST(ValidateVarlen, AllEmptySequencesAccepted) {
 TEST(ValidateVarlen, WrongDtype) {
   Call c(varlen({0, 5, 9}));
   c.args.cu_seqlens.dtype = DType::F32;
-  expect_invalid(c.args, Target::CpuReference, "cu_seqlens", {"expected dtype int64 or int32", "got fp32"});
+  expect_invalid(c.args, Target::CpuReference, "cu_seqlens", {"expected dtype int32 or int64", "got fp32"});
 }
 
 TEST(ValidateVarlen, WrongRank) {
@@ -105,7 +105,7 @@ TEST(ValidateState, LayoutDecidesShape) {
   EXPECT_NO_THROW(flash_kda::validate(c.args, Target::CpuReference));
   c.args.state_layout = StateLayout::KFirst;
   expect_invalid(c.args, Target::CpuReference, "initial_state",
-                 {"expected shape [2, 8, 64, 32] [N, HV, K, V] (StateLayout::KFirst)", "got [2, 8, 32, 64]"});
+                 {"expected shape [2, 8, 64, 32] [N, HV, K, V] (k-first state layout)", "got [2, 8, 32, 64]"});
   c.args.initial_state = c.make(DType::F32, {2, 8, 64, 32});
   c.args.final_state = c.make(DType::F32, {2, 8, 64, 32}, true);
   EXPECT_NO_THROW(flash_kda::validate(c.args, Target::CpuReference));
