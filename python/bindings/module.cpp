@@ -1,15 +1,19 @@
-// flash_kda._core: the nanobind extension. Thin: converts DLPack arrays (or, on the fast path,
-// raw descriptions of CUDA torch tensors) to TensorViews, fills a ForwardArgs and calls the C++
-// API (include/flash_kda/forward.h). Policy that needs torch (the workspace allocator, the
-// current stream) lives in python/flash_kda/ so this module never links against PyTorch.
+// flash_kda._core: the nanobind extension. Thin: converts the tensors of a call, in the order
+// of the call table (flash_kda/call_table.h, exported as forward_tensors), from DLPack arrays
+// or, on the fast path, raw descriptions of torch tensors to TensorViews, fills a ForwardArgs
+// and calls the C++ API (include/flash_kda/forward.h). Policy that needs torch (the workspace
+// allocator, the current stream) lives in python/flash_kda/ so this module never links
+// against PyTorch.
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
 #if FLASH_KDA_WITH_CUDA
 #include <cuda_runtime.h>
@@ -24,51 +28,51 @@ using namespace nb::literals;
 namespace flash_kda::python {
 namespace {
 
-using In = nb::ndarray<nb::ro>;
-using Out = nb::ndarray<>;
-using OptIn = std::optional<In>;
-using OptOut = std::optional<Out>;
+/// LaunchOptions as flash_kda.fwd passes them: (num_sms, window_slots, segments,
+/// recurrence_warps), types checked in Python (flash_kda.LaunchOptions).
+using RawOptions = std::optional<std::tuple<int, int64_t, int, int>>;
 
-/// The eleven arrays of one call, in API order (forward_raw's descriptions come in this order).
-constexpr const char* kArrayNames[] = {"q",     "k",       "v",          "g",             "beta",       "out",
-                                       "A_log", "dt_bias", "cu_seqlens", "initial_state", "final_state"};
-constexpr size_t kArrays = sizeof(kArrayNames) / sizeof(kArrayNames[0]);
+LaunchOptions launch_options(const RawOptions& raw) {
+  LaunchOptions o;
+  if (raw) std::tie(o.num_sms, o.window_slots, o.segments, o.recurrence_warps) = *raw;
+  return o;
+}
 
-/// ForwardArgs from the arrays' views in kArrayNames order: the one place that maps them to
-/// fields, for the DLPack path, the raw path and the reference.
-ForwardArgs args_from_views(const TensorView (&v)[kArrays], std::optional<double> scale, double lower_bound) {
+void check_count(const nb::tuple& tensors) {
+  if (nb::len(tensors) != kForwardTensorCount)
+    throw Error("tensors", "expected " + std::to_string(kForwardTensorCount) + " entries in the order of forward_tensors, got " +
+                               std::to_string(nb::len(tensors)));
+}
+
+/// ForwardArgs from DLPack arrays (or None) in call-table order; the arrays stay in `keep`.
+ForwardArgs args_from_arrays(const nb::tuple& tensors, Target target, Imported& keep) {
+  check_count(tensors);
   ForwardArgs a;
-  a.q = v[0]; a.k = v[1]; a.v = v[2]; a.g = v[3]; a.beta = v[4]; a.out = v[5];
-  a.A_log = v[6]; a.dt_bias = v[7]; a.cu_seqlens = v[8]; a.initial_state = v[9]; a.final_state = v[10];
-  a.scale = scale;
-  a.lower_bound = lower_bound;
+  for (size_t i = 0; i < kForwardTensorCount; ++i)
+    a.*(kForwardTensors[i].member) = to_view(tensors[i], kForwardTensors[i], target, keep);
   return a;
 }
 
-/// DLPack arrays of one call; the same for the GPU path and the reference.
-ForwardArgs make_args(const In& q, const In& k, const In& v, const In& g, const In& beta, const Out& out,
-                      const OptIn& A_log, const OptIn& dt_bias, const OptIn& cu_seqlens,
-                      const OptIn& initial_state, const OptOut& final_state, std::optional<double> scale,
-                      double lower_bound) {
-  const TensorView views[kArrays] = {
-      to_view(q, kArrayNames[0]),          to_view(k, kArrayNames[1]),       to_view(v, kArrayNames[2]),
-      to_view(g, kArrayNames[3]),          to_view(beta, kArrayNames[4]),    to_view(out, kArrayNames[5]),
-      to_view(A_log, kArrayNames[6]),      to_view(dt_bias, kArrayNames[7]), to_view(cu_seqlens, kArrayNames[8]),
-      to_view(initial_state, kArrayNames[9]), to_view(final_state, kArrayNames[10])};
-  return args_from_views(views, scale, lower_bound);
+/// ForwardArgs from raw descriptions (or None) in call-table order.
+ForwardArgs args_from_raw(const nb::tuple& tensors) {
+  check_count(tensors);
+  ForwardArgs a;
+  for (size_t i = 0; i < kForwardTensorCount; ++i)
+    a.*(kForwardTensors[i].member) = raw_view(tensors[i], kForwardTensors[i], Target::Sm90);
+  return a;
 }
 
 GateMode parse_gate(const std::string& s) {
   if (s == "safe") return GateMode::SafeSigmoid;
   if (s == "softplus") return GateMode::Softplus;
   if (s == "none") return GateMode::PreGated;
-  throw Error("gate", "one of 'safe', 'softplus', 'none', got '" + s + "'");
+  throw Error("gate", "expected one of 'safe', 'softplus', 'none', got '" + s + "'");
 }
 
 StateLayout parse_layout(const std::string& s) {
   if (s == "v_first") return StateLayout::VFirst;
   if (s == "k_first") return StateLayout::KFirst;
-  throw Error("state_layout", "'v_first' or 'k_first', got '" + s + "'");
+  throw Error("state_layout", "expected 'v_first' or 'k_first', got '" + s + "'");
 }
 
 bool cuda_available() noexcept {
@@ -91,49 +95,48 @@ bool cuda_available() noexcept {
   return false;
 }
 
-/// GPU forward. `alloc(nbytes)` returns a uint8 device array of at least nbytes (the caller's
-/// allocator, so CUDA-graph capture sees a stream-ordered allocation); `stream` is a
-/// cudaStream_t as an integer.
-void forward_py(const In& q, const In& k, const In& v, const In& g, const In& beta, const Out& out,
-                const OptIn& A_log, const OptIn& dt_bias, const OptIn& cu_seqlens,
-                const OptIn& initial_state, const OptOut& final_state, std::optional<double> scale,
-                double lower_bound, const nb::callable& alloc, uintptr_t stream) {
-  const ForwardArgs args = make_args(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state,
-                                     final_state, scale, lower_bound);
-  const size_t need = forward_workspace_size(args);  // validates: throws before any allocation
-  nb::object ws_obj = alloc(need);
-  const Out ws = nb::cast<Out>(ws_obj);
-  const TensorView w = to_view(ws, "workspace");
-  const size_t have = static_cast<size_t>(w.numel()) * static_cast<size_t>(dtype_size(w.dtype));
+/// flash_kda::forward with the workspace from `alloc(nbytes)`, a Python callable returning a
+/// uint8 CUDA torch tensor of at least nbytes from the caller's stream-ordered allocator (so
+/// CUDA-graph capture sees the allocation). Validation and the launch plan run once, inside
+/// forward(), before the allocation; the tensor is held until the launches are enqueued
+/// (later use is stream-ordered, as for any torch temporary).
+void run_forward(ForwardArgs& a, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
+                 uintptr_t stream, const RawOptions& options) {
+  a.scale = scale;
+  a.lower_bound = lower_bound;
+  const LaunchOptions o = launch_options(options);
+  nb::object workspace;
+  const WorkspaceAllocator allocate = [&](size_t bytes) -> void* {
+    nb::gil_scoped_acquire gil;
+    workspace = alloc(bytes);
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>(workspace.attr("data_ptr")()));
+  };
   nb::gil_scoped_release release;
-  forward(args, w.data, have, reinterpret_cast<Stream>(stream));
+  forward(a, allocate, reinterpret_cast<Stream>(stream), o);
 }
 
-/// GPU forward on raw tensor descriptions (raw_view), the same order as forward_py's arrays:
-/// q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state. `alloc(nbytes)`
-/// returns a uint8 CUDA torch tensor of at least nbytes; it is kept alive until the launches
-/// are enqueued (later use is stream-ordered, as for any torch temporary).
-void forward_raw_py(const nb::tuple& raw, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
-                    uintptr_t stream) {
-  if (nb::len(raw) != kArrays) throw Error("forward_raw", "11 tensor descriptions");
-  TensorView views[kArrays];
-  for (size_t i = 0; i < kArrays; ++i) views[i] = raw_view(raw[i], kArrayNames[i]);
-  const ForwardArgs a = args_from_views(views, scale, lower_bound);
-  const size_t need = forward_workspace_size(a);  // validates: throws before any allocation
-  nb::object ws = alloc(need);
-  void* data = reinterpret_cast<void*>(nb::cast<uintptr_t>(ws.attr("data_ptr")()));
-  const size_t have = nb::cast<size_t>(ws.attr("numel")());
-  nb::gil_scoped_release release;
-  forward(a, data, have, reinterpret_cast<Stream>(stream));
+/// GPU forward on DLPack arrays (or None), in call-table order.
+void forward_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
+                uintptr_t stream, const RawOptions& options) {
+  Imported keep;
+  ForwardArgs a = args_from_arrays(tensors, Target::Sm90, keep);
+  run_forward(a, scale, lower_bound, alloc, stream, options);
 }
 
-void reference_py(const In& q, const In& k, const In& v, const In& g, const In& beta, const Out& out,
-                  const OptIn& A_log, const OptIn& dt_bias, const OptIn& cu_seqlens,
-                  const OptIn& initial_state, const OptOut& final_state, std::optional<double> scale,
-                  double lower_bound, const std::string& gate, const std::string& state_layout,
-                  bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval, int num_threads) {
-  ForwardArgs args = make_args(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state,
-                               final_state, scale, lower_bound);
+/// GPU forward on raw tensor descriptions (raw_view), in call-table order.
+void forward_raw_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
+                    uintptr_t stream, const RawOptions& options) {
+  ForwardArgs a = args_from_raw(tensors);
+  run_forward(a, scale, lower_bound, alloc, stream, options);
+}
+
+void reference_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const std::string& gate,
+                  const std::string& state_layout, bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval,
+                  int num_threads) {
+  Imported keep;
+  ForwardArgs args = args_from_arrays(tensors, Target::CpuReference, keep);
+  args.scale = scale;
+  args.lower_bound = lower_bound;
   args.gate = parse_gate(gate);
   args.state_layout = parse_layout(state_layout);
   args.use_qk_l2norm = use_qk_l2norm;
@@ -179,14 +182,20 @@ NB_MODULE(_core, m) {
   m.def("cuda_available", &cuda_available,
         "True when the CUDA kernels were built and an sm_90 device is visible. Never raises.");
 
-  m.def("forward", &forward_py, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "out"_a, "A_log"_a.none(),
-        "dt_bias"_a.none(), "cu_seqlens"_a.none(), "initial_state"_a.none(), "final_state"_a.none(),
-        "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
-        "flash_kda::forward on DLPack arrays; see flash_kda.fwd.");
+  {
+    nb::list names;  // the call table's order: every tensors tuple below follows it
+    for (const flash_kda::TensorSpec& spec : flash_kda::kForwardTensors) names.append(spec.name);
+    m.attr("forward_tensors") = nb::tuple(names);
+  }
+
+  m.def("forward", &forward_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
+        "launch_options"_a.none(),
+        "flash_kda::forward on DLPack arrays (or None), one per name of forward_tensors; see flash_kda.fwd.");
 
   m.def("forward_raw", &forward_raw_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
-        "flash_kda::forward on raw CUDA tensor descriptions (data_ptr, dtype code, shape, strides, "
-        "device_id) or None; flash_kda.fwd's fast path for torch tensors.");
+        "launch_options"_a.none(),
+        "flash_kda::forward on raw torch tensor descriptions (data_ptr, dtype code, shape, strides, "
+        "device_id; -1 for host memory) or None, one per name of forward_tensors; flash_kda.fwd's fast path.");
   {
     nb::dict codes;  // torch dtype name -> flash_kda::DType value, for forward_raw's descriptions
     codes["bfloat16"] = static_cast<int>(flash_kda::DType::BF16);
@@ -199,9 +208,8 @@ NB_MODULE(_core, m) {
     m.attr("dtype_codes") = codes;
   }
 
-  m.def("reference_forward", &reference_py, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "out"_a,
-        "A_log"_a.none(), "dt_bias"_a.none(), "cu_seqlens"_a.none(), "initial_state"_a.none(),
-        "final_state"_a.none(), "scale"_a.none(), "lower_bound"_a, "gate"_a, "state_layout"_a,
-        "use_qk_l2norm"_a, "use_beta_sigmoid"_a, "allow_neg_eigval"_a, "num_threads"_a,
-        "flash_kda::reference_forward on host DLPack arrays; see flash_kda.reference.");
+  m.def("reference_forward", &reference_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "gate"_a,
+        "state_layout"_a, "use_qk_l2norm"_a, "use_beta_sigmoid"_a, "allow_neg_eigval"_a, "num_threads"_a,
+        "flash_kda::reference_forward on host DLPack arrays (or None), one per name of forward_tensors; "
+        "see flash_kda.reference.");
 }

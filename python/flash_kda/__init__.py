@@ -4,6 +4,7 @@ The function computed is defined in docs/kda-spec.md (Kimi Linear, arXiv 2510.26
 fla.ops.kda.chunk_kda). Public API:
 
 - :func:`fwd`: MoonshotAI FlashKDA's ``fwd`` call on torch CUDA tensors (sm_90).
+- :class:`LaunchOptions`: launch choices fwd may be given instead of the plan's.
 - :func:`reference`: the exact fp64 CPU reference on numpy arrays or torch tensors.
 - :class:`Error`: raised for invalid or unsupported arguments (a ValueError).
 - :func:`cuda_available`, ``__version__``.
@@ -20,7 +21,7 @@ except ImportError:
     pass
 
 from . import _core  # noqa: E402
-from ._forward import fwd
+from ._forward import LaunchOptions, fwd
 from ._reference import reference
 
 __version__: str = _core.__version__
@@ -41,4 +42,4 @@ def cuda_available() -> bool:
         return False
 
 
-__all__ = ["Error", "__version__", "cuda_available", "fwd", "reference"]
+__all__ = ["Error", "LaunchOptions", "__version__", "cuda_available", "fwd", "reference"]

@@ -1,13 +1,74 @@
-"""flash_kda.fwd: the FlashKDA-compatible GPU entry point (torch imported lazily)."""
+"""flash_kda.fwd: the FlashKDA-compatible GPU entry point (torch imported lazily), and the
+launch choices a caller may fix (flash_kda.LaunchOptions)."""
 
 from __future__ import annotations
 
+import dataclasses
+import numbers
+import operator
+import os
 from typing import TYPE_CHECKING
 
 from . import _core
 
 if TYPE_CHECKING:
     import torch
+
+# The call's tensors in the call table's order (include/flash_kda/call_table.h): fwd and
+# reference name their parameters and locals after the table, so one itemgetter over locals()
+# builds the tuple _core takes, with no list of positions kept here.
+_pick_tensors = operator.itemgetter(*_core.forward_tensors)
+
+# FLASH_KDA_CHECK_CU_SEQLENS=1 turns on fwd's check_cu_seqlens for every call (read once, at
+# import), for debugging a caller such as fla that cannot pass the keyword.
+_CHECK_CU_SEQLENS_ENV = os.environ.get("FLASH_KDA_CHECK_CU_SEQLENS", "") == "1"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """Launch choices for :func:`fwd` that the launch plan otherwise makes itself.
+
+    Every field is an int; 0 (the default) means "the plan decides". None changes the function
+    computed, only how the work is spread over the GPU (C++ ``flash_kda::LaunchOptions``).
+
+    Attributes:
+        num_sms: SMs the kernels may occupy, for a GPU partitioned by a CUDA green context or
+            an MPS limit; at most the device's SM count.
+        window_slots: process the input in windows of this many 16-token chunk slots (a tuning
+            and test knob).
+        segments: cut each sequence into this many segments combined by a scan; 1 turns the
+            segment-parallel path off.
+        recurrence_warps: warps per recurrence block, 4 or 8.
+
+    Raises:
+        flash_kda.Error: a field is not an int >= 0 (named ``launch_options.<field>``). Values
+            that need the device to judge (num_sms above its SM count, recurrence_warps other
+            than 4 or 8, ...) are rejected by :func:`fwd`, under the same names.
+    """
+
+    num_sms: int = 0
+    window_slots: int = 0
+    segments: int = 0
+    recurrence_warps: int = 0
+
+    def __post_init__(self) -> None:
+        self._as_tuple()
+
+    def _as_tuple(self) -> tuple[int, int, int, int]:
+        """The fields as C++ takes them, each checked: an int (not a bool), 0 <= value < 2^31
+        (window_slots < 2^63)."""
+        values = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            limit = (1 << 63) if f.name == "window_slots" else (1 << 31)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise _error(f"launch_options.{f.name}",
+                             f"expected an int >= 0 (0: the launch plan decides), got {type(value).__name__} {value!r}")
+            if not 0 <= value < limit:
+                raise _error(f"launch_options.{f.name}",
+                             f"expected an int in [0, {limit}) (0: the launch plan decides), got {value}")
+            values.append(int(value))
+        return tuple(values)
 
 
 def fwd(
@@ -24,6 +85,10 @@ def fwd(
     initial_state: torch.Tensor | None = None,
     final_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    *,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    check_cu_seqlens: bool = False,
+    launch_options: LaunchOptions | None = None,
 ) -> None:
     """KDA forward on an sm_90 GPU; the call and meaning of MoonshotAI FlashKDA's ``fwd``.
 
@@ -48,7 +113,19 @@ def fwd(
             cu[0] = 0, non-decreasing, cu[N] = B*T. Its values are not checked (that would
             need a device-to-host copy and a sync); bad values are clamped to [0, B*T] on the
             device and give unspecified results (for the bad sequences and any rows their
-            clamped ranges overlap), never an access outside the tensors.
+            clamped ranges overlap), never an access outside the tensors. To have them
+            checked, pass a host copy (cu_seqlens_cpu) or check_cu_seqlens=True.
+
+    Keyword-only additions (not in FlashKDA's ``fwd``):
+        cu_seqlens_cpu: optional host (CPU) int64/int32 [N + 1] copy of cu_seqlens's values,
+            as fla keeps one. Its values are checked (cu[0] = 0, non-decreasing,
+            cu[N] = T_total) at no cost to the GPU: a bad one raises flash_kda.Error naming
+            cu_seqlens. It must equal cu_seqlens (not checked: that would need the sync).
+        check_cu_seqlens: debugging aid: copy cu_seqlens to the host (a device-to-host copy
+            and a sync per call, so not inside CUDA-graph capture) and check its values as
+            above. The environment variable FLASH_KDA_CHECK_CU_SEQLENS=1, read at import,
+            turns it on for every call (e.g. calls made by fla).
+        launch_options: a :class:`LaunchOptions`, or None for the plan's choices.
 
     All tensors contiguous, on one CUDA device, with 16-byte aligned data (a view that starts
     mid-row of a larger tensor may not be). Runs asynchronously on
@@ -58,10 +135,11 @@ def fwd(
 
     Raises:
         flash_kda.Error: an argument is invalid or outside the kernel's supported subset (the
-            message names it), the tensors are not on a CUDA device, or this build has no CUDA
-            kernels. Nothing is written then.
+            message and ``.argument`` name it: a tensor that is None where one is required or
+            not an array, a wrong dtype, rank, shape or device, scale or lower_bound not a
+            real number, a bad launch_options field, ...), or this build has no CUDA kernels.
+            Nothing is written then.
         RuntimeError: a CUDA launch failed.
-        TypeError: a tensor argument is not a torch tensor (or other DLPack array).
         ImportError: PyTorch is not installed.
     """
     try:
@@ -72,9 +150,22 @@ def fwd(
 
     if lower_bound is None:
         raise _error("lower_bound", "a float in [-5, 0) (FlashKDA's safe gate needs one), got None")
+    lower_bound = _real("lower_bound", lower_bound)
+    if scale is not None:
+        scale = _real("scale", scale)
+    options = None
+    if launch_options is not None:
+        if not isinstance(launch_options, LaunchOptions):
+            raise _error("launch_options", "expected a flash_kda.LaunchOptions or None, got "
+                         f"{type(launch_options).__name__}")
+        options = launch_options._as_tuple()
+    if check_cu_seqlens is not False or _CHECK_CU_SEQLENS_ENV:
+        if not isinstance(check_cu_seqlens, bool):
+            raise _error("check_cu_seqlens", f"expected a bool, got {type(check_cu_seqlens).__name__}")
+        if (check_cu_seqlens or _CHECK_CU_SEQLENS_ENV) and isinstance(cu_seqlens, torch.Tensor):
+            cu_seqlens_cpu = cu_seqlens.cpu()  # the device values themselves: one copy and a sync
     device = getattr(q, "device", None)
-    on_cuda = getattr(device, "type", None) == "cuda"
-    if on_cuda:
+    if getattr(device, "type", None) == "cuda":
         stream = _current_raw_stream(torch, device)
 
         def alloc(nbytes: int) -> torch.Tensor:
@@ -87,33 +178,31 @@ def fwd(
         def alloc(nbytes: int) -> torch.Tensor:
             return torch.empty(nbytes, dtype=torch.uint8)
 
-    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state)
-    if on_cuda:
-        raw = _raw_descriptions(tensors, torch)
-        if raw is not None:
-            _core.forward_raw(raw, None if scale is None else float(scale), float(lower_bound), alloc, stream)
-            return
-    # DLPack refuses tensors that require grad; nn.Parameters (A_log, dt_bias of fla's layer) do
-    # even under inference_mode. detach() shares storage, so out/final_state are still written.
-    q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state = (
-        t.detach() if getattr(t, "requires_grad", False) else t for t in tensors)
-    _core.forward(
-        q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
-        None if scale is None else float(scale), float(lower_bound), alloc, stream,
-    )
+    tensors = _pick_tensors(locals())
+    raw = _raw_descriptions(tensors, torch)
+    if raw is not None:
+        _core.forward_raw(raw, scale, lower_bound, alloc, stream, options)
+        return
+    # Some argument is not a torch tensor: DLPack reads the others (numpy arrays, ...) and the
+    # binding names what cannot be read. DLPack refuses tensors that require grad; detach()
+    # shares storage, so out/final_state are still written.
+    _core.forward(tuple(t.detach() if getattr(t, "requires_grad", False) else t for t in tensors),
+                  scale, lower_bound, alloc, stream, options)
 
 
 _DTYPE_CODES: dict = {}  # torch.dtype -> flash_kda DType code (_core.dtype_codes), on first use
 
 
 def _raw_descriptions(tensors, torch) -> tuple | None:
-    """(data_ptr, dtype code, shape, strides, device index) of each tensor (None stays None) for
-    _core.forward_raw, or None when one of them is not a CUDA torch tensor of a dtype the library
-    names: that call takes the DLPack path, whose errors say what is wrong.
+    """(data_ptr, dtype, shape, strides, device index) of each tensor (None stays None) for
+    _core.forward_raw, or None when one of them is not a CUDA or host torch tensor: that call
+    takes the DLPack path, whose errors say what is wrong. dtype is the library's code, or the
+    torch name of a dtype it has none for (the binding names it in its error). The device index
+    is -1 for host tensors (cu_seqlens_cpu; any other is rejected by name).
 
-    Why: importing a torch tensor through DLPack runs torch's Python __dlpack__ (~5 us); eleven
-    of them made flash_kda.fwd's host time ~60 us a call, more than the whole GPU time of small
-    problems (docs/perf-notes.md, v6)."""
+    Why: importing a torch tensor through DLPack runs torch's Python __dlpack__ (~5 us); a
+    dozen of them would make flash_kda.fwd's host time ~60 us a call, more than the whole GPU
+    time of small problems."""
     if not _DTYPE_CODES:
         for name, code in _core.dtype_codes.items():
             _DTYPE_CODES[getattr(torch, name)] = code
@@ -122,11 +211,11 @@ def _raw_descriptions(tensors, torch) -> tuple | None:
         if t is None:
             raw.append(None)
             continue
-        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+        if not isinstance(t, torch.Tensor) or not (t.is_cuda or t.device.type == "cpu"):
             return None
         code = _DTYPE_CODES.get(t.dtype)
         if code is None:
-            return None
+            code = str(t.dtype).removeprefix("torch.")
         raw.append((t.data_ptr(), code, t.shape, t.stride(), t.get_device()))  # torch.Size is a tuple
     return tuple(raw)
 
@@ -141,6 +230,14 @@ def _current_raw_stream(torch, device) -> int:
     if raw is None:
         return torch.cuda.current_stream(device).cuda_stream
     return raw(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _real(argument: str, value) -> float:
+    """float(value), or a flash_kda.Error naming `argument` when value is not a real number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise _error(argument, f"expected a real number, got {type(value).__name__} {value!r}") from None
 
 
 def _error(argument: str, expected: str) -> Exception:

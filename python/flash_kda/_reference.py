@@ -7,18 +7,25 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _core
+from ._forward import _error, _pick_tensors, _real
 
 
-def _host(x: Any) -> Any:
+def _host(x: Any, name: str) -> Any:
     """A contiguous host array for DLPack: numpy as is (made contiguous), torch tensors detached,
-    copied to the host if on a GPU (bf16 stays bf16), made contiguous. None stays None."""
+    copied to the host if on a GPU (bf16 stays bf16), made contiguous; lists and tuples through
+    numpy; other DLPack arrays as given (the binding judges them). None stays None; anything
+    else is a flash_kda.Error naming `name`."""
     if x is None:
         return None
     if isinstance(x, np.ndarray):
         return np.ascontiguousarray(x)
     if hasattr(x, "detach") and hasattr(x, "device"):  # torch.Tensor, without importing torch
         return x.detach().to("cpu").contiguous()
-    return np.ascontiguousarray(np.asarray(x))
+    if isinstance(x, (list, tuple)):
+        return np.ascontiguousarray(np.asarray(x))
+    if hasattr(x, "__dlpack__"):
+        return x
+    raise _error(name, f"expected an array (numpy array or torch tensor), got {type(x).__name__}")
 
 
 def _widen_state(x: Any) -> Any:
@@ -32,7 +39,20 @@ def _widen_state(x: Any) -> Any:
 
 
 def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in x.shape)
+    return tuple(int(s) for s in getattr(x, "shape", ()))
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A bool argument: Python or numpy bool, else a flash_kda.Error naming it."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise _error(name, f"expected a bool, got {type(value).__name__} {value!r}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if isinstance(value, str):
+        return value  # an unknown string is named by the binding with the accepted ones
+    raise _error(name, "expected one of " + ", ".join(repr(c) for c in choices) + f", got {type(value).__name__}")
 
 
 def reference(
@@ -64,8 +84,10 @@ def reference(
 
     Args (B batch, T tokens, H q/k heads, HV value heads (a multiple of H: GVA), N sequences):
         q, k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K]; beta: [B, T, HV].
-            bf16 (torch) or fp32; numpy arrays or torch tensors (CUDA tensors are copied to the
-            host first); varlen batches use B = 1 and cu_seqlens.
+            bf16 (torch) or fp32; fp64 is rejected (the inputs model what the kernels read,
+            and the reference computes in fp64 whatever they are). numpy arrays or torch
+            tensors (CUDA tensors are copied to the host first); varlen batches use B = 1 and
+            cu_seqlens.
         scale: output scale; None means K**-0.5.
         A_log: fp32 [HV] (optional for "safe" and "softplus"). dt_bias: fp32 [HV, K] or [HV*K].
         lower_bound: safe-gate floor (natural log), in [-5, 0).
@@ -73,38 +95,52 @@ def reference(
             "softplus": a = -exp(A_log) * softplus(g + dt_bias); "none": a = g.
         use_qk_l2norm: L2-normalise q and k over K (eps 1e-6 inside the sqrt).
         use_beta_sigmoid: b = sigmoid(beta), else b = beta; allow_neg_eigval: b = 2 sigmoid(beta).
-        initial_state: bf16 or fp32 [N, HV, V, K] ("v_first") or [N, HV, K, V] ("k_first").
+        initial_state: bf16, fp32 or fp64 [N, HV, V, K] ("v_first") or [N, HV, K, V]
+            ("k_first"); fp64 so that a final state this function returned can start the
+            next call.
         cu_seqlens: int64 or int32 [N + 1], 0 = cu[0] <= ... <= cu[N] = T.
         state_layout: layout of initial_state and of the returned final state.
         output_final_state: also return the final state.
-        num_threads: worker threads over (sequence, head) pairs; 0 = all cores.
+        num_threads: worker threads over (sequence, head) pairs, >= 0; 0 = all cores.
 
     Returns:
         (out, final_state): float64 numpy arrays; out has v's shape; final_state is
         [N, HV, V, K] or [N, HV, K, V] per state_layout when output_final_state, else None.
 
     Raises:
-        flash_kda.Error: an argument is invalid (wrong dtype, rank or shape, bad cu_seqlens
-            values, unknown gate or layout, ...); the message and ``.argument`` name it.
+        flash_kda.Error: an argument is invalid (a tensor that is None or not an array, a
+            wrong dtype, rank or shape, bad cu_seqlens values, an unknown gate or layout, a
+            flag that is not a bool, scale or lower_bound not a real number, num_threads not
+            an int >= 0, ...); the message and ``.argument`` name it.
     """
-    q, k, v, g, beta = (_host(x) for x in (q, k, v, g, beta))
-    A_log, dt_bias, initial_state, cu_seqlens = (_host(x) for x in (A_log, dt_bias, initial_state, cu_seqlens))
+    q, k, v, g, beta = (_host(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")))
+    A_log, dt_bias = _host(A_log, "A_log"), _host(dt_bias, "dt_bias")
+    initial_state, cu_seqlens = _host(initial_state, "initial_state"), _host(cu_seqlens, "cu_seqlens")
+    scale = None if scale is None else _real("scale", scale)
+    lower_bound = _real("lower_bound", lower_bound)
+    gate = _choice("gate", gate, ("safe", "softplus", "none"))
+    state_layout = _choice("state_layout", state_layout, ("v_first", "k_first"))
+    flags = [_flag(n, x) for n, x in (("use_qk_l2norm", use_qk_l2norm), ("use_beta_sigmoid", use_beta_sigmoid),
+                                      ("allow_neg_eigval", allow_neg_eigval),
+                                      ("output_final_state", output_final_state))]
+    if isinstance(num_threads, (bool, np.bool_)) or not isinstance(num_threads, (int, np.integer)):
+        raise _error("num_threads", f"expected an int >= 0 (0 = all cores), got {type(num_threads).__name__}")
+    if not 0 <= num_threads < (1 << 31):
+        raise _error("num_threads", f"must be >= 0 (0 = all cores) and < 2^31, got {num_threads}")
 
     if output_final_state and initial_state is not None:
         initial_state = _widen_state(initial_state)
 
-    out = np.empty(_shape(v), dtype=np.float64)
+    out = np.empty(_shape(v), dtype=np.float64) if v is not None else None
     final_state = None
     if output_final_state and len(_shape(q)) == 4 and len(_shape(v)) == 4:
         # Sizes only; a malformed call still reaches the C++ validation for its named error.
-        n = _shape(cu_seqlens)[0] - 1 if cu_seqlens is not None and len(_shape(cu_seqlens)) == 1 else _shape(q)[0]
+        n = _shape(cu_seqlens)[0] - 1 if len(_shape(cu_seqlens)) == 1 else _shape(q)[0]
         hv, kdim, vdim = _shape(v)[2], _shape(q)[3], _shape(v)[3]
         dims = (vdim, kdim) if state_layout == "v_first" else (kdim, vdim)
         final_state = np.empty((max(n, 0), hv, *dims), dtype=np.float64)
+    cu_seqlens_cpu = None  # cu_seqlens is already on the host: its values are checked as given
 
-    _core.reference_forward(
-        q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
-        None if scale is None else float(scale), float(lower_bound), gate, state_layout,
-        bool(use_qk_l2norm), bool(use_beta_sigmoid), bool(allow_neg_eigval), int(num_threads),
-    )
+    _core.reference_forward(_pick_tensors(locals()), scale, lower_bound, gate, state_layout, *flags[:3],
+                            int(num_threads))
     return out, final_state

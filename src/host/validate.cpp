@@ -175,7 +175,7 @@ void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
     throw Error("gate", "expected SafeSigmoid, Softplus or PreGated, got value " + std::to_string(static_cast<int>(a.gate)));
   if (a.gate == GateMode::PreGated) {
     // Silently ignoring them would hide a caller who believes the gate is being applied.
-    const char* why = "is unused with the pre-computed gate (a = g: gate 'none' in Python, GateMode::PreGated in C++); pass none";
+    const char* why = "is unused when the gate is pre-computed (a = g); pass none";
     if (a.A_log.defined()) throw Error("A_log", why);
     if (a.dt_bias.defined()) throw Error("dt_bias", why);
   }

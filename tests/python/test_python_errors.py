@@ -110,20 +110,23 @@ def _raw(shape, code=0):
 
 
 @pytest.mark.parametrize("bad, argument, expected", [
-    (lambda raw: raw.__setitem__(0, _raw(())), "q", "at least one dimension"),
-    (lambda raw: raw.__setitem__(2, _raw((1, 2, 3, 4, 5))), "v", "at most 4 dimensions"),
-    (lambda raw: raw.__setitem__(4, _raw((1, 2, 3), code=99)), "beta", "a known dtype code, got 99"),
+    (lambda raw: raw.__setitem__(0, _raw(())), "q", "expected rank 4 [B, T, H, K], got a 0-d array"),
+    (lambda raw: raw.__setitem__(2, _raw((1, 2, 3, 4, 5))), "v",
+     "expected rank 4 [B, T, HV, V], got rank 5 [1, 2, 3, 4, 5]"),
+    (lambda raw: raw.__setitem__(4, _raw((1, 2, 3), code=99)), "beta", "expected dtype bf16 or fp32, got dtype code 99"),
+    (lambda raw: raw.__setitem__(1, _raw((1, 16, 2, 128), code="bool")), "k", "expected dtype bf16, got bool"),
+    (lambda raw: raw.__setitem__(3, None), "g", "is required ([B, T, HV, K]), got None"),
 ])
 def test_raw_descriptions_are_checked_before_anything_runs(bad, argument, expected):
-    """_core.forward_raw (flash_kda.fwd's path for CUDA torch tensors) rejects a malformed
+    """_core.forward_raw (flash_kda.fwd's path for torch tensors) rejects a malformed
     description with the argument's name, before validation or any allocation."""
     from flash_kda import _core
 
-    raw = [_raw((1, 16, 2, 128)) for _ in range(6)] + [None] * 5
+    raw = [_raw((1, 16, 2, 128)) for _ in range(6)] + [None] * (len(_core.forward_tensors) - 6)
     bad(raw)
     allocs = []
     with pytest.raises(flash_kda.Error) as info:
-        _core.forward_raw(tuple(raw), None, -5.0, lambda n: allocs.append(n), 0)
+        _core.forward_raw(tuple(raw), None, -5.0, lambda n: allocs.append(n), 0, None)
     assert info.value.argument == argument
-    assert expected in str(info.value)
+    assert f"flash_kda: {argument}: {expected}" == str(info.value)
     assert allocs == []
