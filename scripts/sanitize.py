@@ -84,23 +84,22 @@ def run_cases() -> int:
             else:
                 call_fwd(x, out, final_state)
             judge(f"{case.name} ({how})", x, out, final_state)
-    # Launch paths behind the knobs: windows of 3 chunk slots (sequences crossing several
-    # windows, carried state) at every recurrence block width, and the segment-parallel path
-    # (3 segments, varlen with empty and 1-token sequences, both state dtypes).
-    knob_cases = [({"FLASH_KDA_SM90_WINDOW_SLOTS": "3", "FLASH_KDA_SM90_WARPS": w},
-                   Case(f"san_window3_warps{w}_fp32", heads=2, seq_lens=(40, 0, 1, 37), state="fp32"))
-                  for w in ("4", "8")]
-    knob_cases += [({"FLASH_KDA_SM90_SEGMENTS": "3"},
-                    Case(f"san_segments3_{st}", heads=2, seq_lens=(70, 0, 1, 40), state=st))
-                   for st in ("fp32", "bf16")]
-    for knobs, case in knob_cases:
-        os.environ.update(knobs)
+    # Launch paths forced through fwd's launch_options: windows of 3 chunk slots (sequences
+    # crossing several windows, carried state) at every recurrence block width, and the
+    # segment-parallel path (3 segments, varlen with empty and 1-token sequences, both state
+    # dtypes).
+    from flash_kda import LaunchOptions
+
+    forced = [(LaunchOptions(window_slots=3, recurrence_warps=w),
+               Case(f"san_window3_warps{w}_fp32", heads=2, seq_lens=(40, 0, 1, 37), state="fp32"))
+              for w in (4, 8)]
+    forced += [(LaunchOptions(segments=3), Case(f"san_segments3_{st}", heads=2, seq_lens=(70, 0, 1, 40), state=st))
+               for st in ("fp32", "bf16")]
+    for options, case in forced:
         x = make_inputs(case)
         out, final_state = new_outputs(x)
-        call_fwd(x, out, final_state)
+        call_fwd(x, out, final_state, launch_options=options)
         torch.cuda.synchronize()
-        for name in knobs:
-            os.environ.pop(name)
         judge(case.name, x, out, final_state)
     # cu_seqlens values past the end (clamped on the device: no fault, results not checked).
     x = make_inputs(Case("san_bad_cu_seqlens_fp32", heads=2, seq_lens=(20, 30, 10), state="fp32"))

@@ -194,20 +194,22 @@ def new_outputs(x: Inputs, fill: float = float("nan")):
     return out, final_state
 
 
-def call_fwd(x: Inputs, out, final_state, initial_state="same") -> None:
+def call_fwd(x: Inputs, out, final_state, initial_state="same", launch_options=None) -> None:
     """flash_kda.fwd on `x`, writing `out` and `final_state` in place. initial_state="same"
-    passes x.initial_state; anything else is passed as given (in-place state tests)."""
+    passes x.initial_state; anything else is passed as given (in-place state tests).
+    launch_options: a flash_kda.LaunchOptions forcing launch paths, or None."""
     import flash_kda
 
     init = x.initial_state if isinstance(initial_state, str) and initial_state == "same" else initial_state
     flash_kda.fwd(x.q, x.k, x.v, x.g, x.beta, x.scale, out, x.A_log, x.dt_bias, x.lower_bound,
-                  initial_state=init, final_state=final_state, cu_seqlens=x.cu_seqlens)
+                  initial_state=init, final_state=final_state, cu_seqlens=x.cu_seqlens,
+                  launch_options=launch_options)
 
 
-def run_fwd(x: Inputs):
+def run_fwd(x: Inputs, launch_options=None):
     """Allocates NaN-poisoned outputs, runs flash_kda.fwd and returns (out, final_state)."""
     out, final_state = new_outputs(x)
-    call_fwd(x, out, final_state)
+    call_fwd(x, out, final_state, launch_options=launch_options)
     return out, final_state
 
 

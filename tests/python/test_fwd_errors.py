@@ -29,10 +29,48 @@ def _good_call(case: Case) -> dict:
 
 
 def _call(kw: dict) -> None:
+    """fwd with FlashKDA's arguments from kw, plus its keyword-only ones under kw["extra"]."""
     import flash_kda
 
     flash_kda.fwd(*(kw[n] for n in ORDER), initial_state=kw["initial_state"],
-                  final_state=kw["final_state"], cu_seqlens=kw["cu_seqlens"])
+                  final_state=kw["final_state"], cu_seqlens=kw["cu_seqlens"], **kw.get("extra", {}))
+
+
+def _extra(**options):
+    return lambda kw: kw.update(extra=options)
+
+
+def _bad_host_copy(kw):
+    cu = kw["cu_seqlens"].cpu().clone()
+    cu[2] = cu[1] - 1  # decreasing
+    kw.update(extra=dict(cu_seqlens_cpu=cu))
+
+
+def _bad_device_values(kw, **options):
+    cu = kw["cu_seqlens"].clone()
+    cu[-1] += 1  # past T_total
+    kw.update(cu_seqlens=cu, extra=options)
+
+
+def _with_dtype(name, dtype_name):
+    import torch
+
+    return lambda kw: kw.update({name: torch.empty_like(kw[name], dtype=getattr(torch, dtype_name))})
+
+
+def _same_bits(a, b) -> bool:
+    """Bitwise equality for any dtype (torch.equal lacks kernels for some, such as uint64)."""
+    import torch
+
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _too_many_sms(kw):
+    import flash_kda
+    import torch
+
+    sms = torch.cuda.get_device_properties(kw["q"].device).multi_processor_count
+    kw.update(extra=dict(launch_options=flash_kda.LaunchOptions(num_sms=sms + 1)))
 
 
 def _int64():
@@ -86,6 +124,27 @@ BAD = [
     ("cu_seqlens_rank2", VARLEN, lambda kw: kw.update(cu_seqlens=kw["cu_seqlens"][None]), "cu_seqlens"),
     ("varlen_initial_state_wrong_N", VARLEN,
      lambda kw: kw.update(initial_state=kw["initial_state"][:2].contiguous()), "initial_state"),
+    # Arguments that are not what they should be at all, and dtypes the library has no name for.
+    ("q_none", FIXED, lambda kw: kw.update(q=None), "q"),
+    ("g_none", FIXED, lambda kw: kw.update(g=None), "g"),
+    ("beta_none", FIXED, lambda kw: kw.update(beta=None), "beta"),
+    ("q_string", FIXED, lambda kw: kw.update(q="hello"), "q"),
+    ("initial_state_list", FIXED, lambda kw: kw.update(initial_state=[1.0]), "initial_state"),
+    ("q_rank5", FIXED, lambda kw: kw.update(q=kw["q"][None]), "q"),
+    ("beta_bool", FIXED, _with_dtype("beta", "bool"), "beta"),
+    ("g_uint64", FIXED, _with_dtype("g", "uint64"), "g"),
+    ("lower_bound_string", FIXED, lambda kw: kw.update(lower_bound="x"), "lower_bound"),
+    ("scale_string", FIXED, lambda kw: kw.update(scale="x"), "scale"),
+    # cu_seqlens values: checked on a host copy, or on request (one sync).
+    ("cu_seqlens_cpu_decreasing", VARLEN, _bad_host_copy, "cu_seqlens"),
+    ("cu_seqlens_cpu_wrong_length", VARLEN,
+     lambda kw: kw.update(extra=dict(cu_seqlens_cpu=kw["cu_seqlens"].cpu()[:-1].clone())), "cu_seqlens_cpu"),
+    ("cu_seqlens_cpu_on_gpu", VARLEN, lambda kw: kw.update(extra=dict(cu_seqlens_cpu=kw["cu_seqlens"].clone())),
+     "cu_seqlens_cpu"),
+    ("check_cu_seqlens_past_end", VARLEN, lambda kw: _bad_device_values(kw, check_cu_seqlens=True), "cu_seqlens"),
+    # launch_options: its type here, its ranges by the C++ plan (the device's SM count).
+    ("launch_options_dict", FIXED, _extra(launch_options={"num_sms": 1}), "launch_options"),
+    ("launch_options_num_sms_above_device", FIXED, _too_many_sms, "launch_options.num_sms"),
 ]
 
 
@@ -120,7 +179,23 @@ def test_bad_call_raises_and_writes_nothing(name, case, edit, argument):
     assert argument in str(info.value), f"{name}: message does not name {argument!r}: {info.value}"
     for n, t in kw.items():
         if isinstance(t, torch.Tensor):
-            assert torch.equal(t, before[n]), f"{name}: {n} changed although the call was rejected"
+            assert _same_bits(t, before[n]), f"{name}: {n} changed although the call was rejected"
+
+
+def test_cu_seqlens_checks_accept_good_values_and_change_nothing():
+    """A correct host copy, and the opt-in check, pass and give the unchecked call's bits."""
+    import torch
+
+    kw = _good_call(VARLEN)
+    _call(kw)
+    plain = (kw["out"].clone(), kw["final_state"].clone())
+    for extra in (dict(cu_seqlens_cpu=kw["cu_seqlens"].cpu()), dict(check_cu_seqlens=True),
+                  dict(cu_seqlens_cpu=kw["cu_seqlens"].cpu().int())):
+        kw["out"].normal_()
+        kw["final_state"].normal_()
+        _call({**kw, "extra": extra})
+        torch.cuda.synchronize()
+        assert torch.equal(kw["out"], plain[0]) and torch.equal(kw["final_state"], plain[1]), extra
 
 
 def test_in_place_state_must_be_the_same_buffer():

@@ -1,12 +1,14 @@
 """flash_kda.fwd through the launch paths that the standard shapes rarely take.
 
+Each path is forced with flash_kda.LaunchOptions (fwd's launch_options):
+
 - Windows: long inputs are processed in windows of chunk slots with the state of the sequence
-  crossing a window boundary carried between windows (src/sm90/launch.cu). The test knob
-  FLASH_KDA_SM90_WINDOW_SLOTS forces windows of 1, 3 or 7 slots so that small problems cross
-  many windows, sequences span 3+ windows and windows start inside empty sequences.
-- Block widths: both recurrence block widths (FLASH_KDA_SM90_WARPS = 4, 8 warps: one or two
-  warpgroups), which the heuristic otherwise picks from the shape.
-- Segments: FLASH_KDA_SM90_SEGMENTS forces the segment-parallel path (each sequence cut into
+  crossing a window boundary carried between windows (src/sm90/). window_slots forces windows
+  of 1, 3 or 7 slots so that small problems cross many windows, sequences span 3+ windows and
+  windows start inside empty sequences.
+- Block widths: both recurrence block widths (recurrence_warps = 4, 8: one or two
+  warpgroups), which the plan otherwise picks from the shape.
+- Segments: segments forces the segment-parallel path (each sequence cut into
   segments whose affine state maps are combined by a scan, src/sm90/segment_scan.cu) that the
   heuristic picks for few heads and long sequences; with segment counts that do and do not
   divide the chunk count, varlen batches with empty and 1-token sequences, every state dtype
@@ -23,6 +25,8 @@ import pytest
 
 from fwd_cases import Case, Sample, all_finite, call_fwd, check_against_reference, make_inputs, new_outputs, run_fwd
 
+from flash_kda import LaunchOptions
+
 pytestmark = pytest.mark.cuda_sm90
 
 BOUND = 1e-2
@@ -31,23 +35,19 @@ LENS = (40, 0, 1, 70, 0, 33)
 
 @pytest.mark.parametrize("window", [1, 3, 7])
 @pytest.mark.parametrize("warps", [4, 8])
-def test_windows_and_block_widths(monkeypatch, window, warps):
-    monkeypatch.setenv("FLASH_KDA_SM90_WINDOW_SLOTS", str(window))
-    monkeypatch.setenv("FLASH_KDA_SM90_WARPS", str(warps))
+def test_windows_and_block_widths(window, warps):
     case = Case(f"varlen_window{window}_warps{warps}_fp32", heads=3, seq_lens=LENS, state="fp32")
     x = make_inputs(case)
-    out, final_state = run_fwd(x)
+    out, final_state = run_fwd(x, LaunchOptions(window_slots=window, recurrence_warps=warps))
     assert all_finite(out) and all_finite(final_state), f"{case.name}: an element was not written"
     check_against_reference(x, out, final_state, bound=BOUND)
 
 
 @pytest.mark.parametrize("warps", [4, 8])
-def test_fixed_length_over_windows(monkeypatch, warps):
-    monkeypatch.setenv("FLASH_KDA_SM90_WINDOW_SLOTS", "5")
-    monkeypatch.setenv("FLASH_KDA_SM90_WARPS", str(warps))
+def test_fixed_length_over_windows(warps):
     case = Case(f"fixed_T100_B3_window5_warps{warps}_bf16", heads=2, seqlen=100, batch=3, state="bf16")
     x = make_inputs(case)
-    out, final_state = run_fwd(x)
+    out, final_state = run_fwd(x, LaunchOptions(window_slots=5, recurrence_warps=warps))
     check_against_reference(x, out, final_state, bound=BOUND)
 
 
@@ -83,23 +83,21 @@ SEGMENT_CASES = [
 
 @pytest.mark.parametrize("segments", [2, 3, 8])
 @pytest.mark.parametrize("case", SEGMENT_CASES, ids=lambda c: c.name)
-def test_segment_parallel_path(monkeypatch, case, segments):
-    monkeypatch.setenv("FLASH_KDA_SM90_SEGMENTS", str(segments))
+def test_segment_parallel_path(case, segments):
     x = make_inputs(case)
-    out, final_state = run_fwd(x)
+    out, final_state = run_fwd(x, LaunchOptions(segments=segments))
     assert all_finite(out), f"{case.name}: an element of out was not written"
     if final_state is not None:
         assert all_finite(final_state), f"{case.name}: an element of final_state was not written"
     check_against_reference(x, out, final_state, bound=BOUND)
 
 
-def test_segment_parallel_in_place_state(monkeypatch):
+def test_segment_parallel_in_place_state():
     import torch
 
-    monkeypatch.setenv("FLASH_KDA_SM90_SEGMENTS", "4")
     x = make_inputs(Case("fixed_T900_B2_H2_fp32_inplace", heads=2, seqlen=900, batch=2, state="fp32"))
     state = x.initial_state.clone()
     out, _ = new_outputs(x)
-    call_fwd(x, out, state, initial_state=state)  # final_state is initial_state
+    call_fwd(x, out, state, initial_state=state, launch_options=LaunchOptions(segments=4))  # in place
     torch.cuda.synchronize()
     check_against_reference(x, out, state, bound=BOUND)
