@@ -53,9 +53,11 @@ def _bad_device_values(kw, **options):
 
 
 def _with_dtype(name, dtype_name):
-    import torch
+    def edit(kw):
+        import torch
 
-    return lambda kw: kw.update({name: torch.empty_like(kw[name], dtype=getattr(torch, dtype_name))})
+        kw[name] = torch.empty_like(kw[name], dtype=getattr(torch, dtype_name))
+    return edit
 
 
 def _same_bits(a, b) -> bool:
