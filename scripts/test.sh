@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# The whole test suite in one command (run it after `pip install .`):
-#   C++: configure + build the library, GoogleTest suite and example, run ctest;
-#   the install test (tests/install/run.sh) when present;
-#   Python: pytest tests/python (GPU tests skip themselves, saying why, without an sm_90 GPU).
+# The whole test suite in one command, from a fresh clone:
+#   scripts/test.sh
+# It first obtains what is missing, from the registries, without touching what is installed:
+#   - the flash_kda package: `pip install .` from this checkout when `import flash_kda` fails;
+#   - CMake >= 3.24: `pip install cmake` when the one on PATH is missing or older;
+#   - pytest and matplotlib (the benchmark chart's tests): `pip install` when they do not import;
+#   - CUTLASS headers for the kernel build: cmake/cutlass.cmake (pip download of the
+#     nvidia-cutlass wheel, headers unpacked into the build directory, nothing installed);
+#   - GoogleTest: cmake/googletest.cmake (libgtest-dev, or `apt-get download` of it unpacked
+#     into the build directory).
+# Then: C++ configure + build of the library, GoogleTest suite and examples, ctest; the install
+# test (tests/install/run.sh); pytest tests/python. GPU tests skip themselves, saying why,
+# without an sm_90 GPU. What cannot be obtained is skipped and named in a "skipped:" line.
 # Environment: FLASH_KDA_CUDA=ON|OFF (default ON: compiles the sm_90a kernels), BUILD_DIR
-# (default build-test), CMAKE_BUILD_PARALLEL_LEVEL (build jobs), PYTHON (default python3).
-# Prerequisites beyond `pip install .`: pytest, and CUTLASS headers for the kernel build
-# (`pip install --no-deps nvidia-cutlass`, or CUTLASS_INCLUDE_DIR, or FLASH_KDA_CUDA=OFF).
+# (default build-test), CMAKE_BUILD_PARALLEL_LEVEL (build jobs), PYTHON (default python3),
+# CUTLASS_INCLUDE_DIR (headers to use instead of fetching them).
 # Ends with one line: "tests: C++ N ran, S skipped; Python M ran, S skipped; failed: F" (ran =
-# passed + failed).
+# passed + failed). Exit status 0 when nothing failed.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,16 +25,47 @@ py=${PYTHON:-python3}
 cd "$root"
 # ctest resolves a relative --output-junit path against the build dir: keep every path absolute.
 [[ $build == /* ]] || build=$root/$build
+skipped=()  # "what: why" for each part that could not be obtained
+# The CUDA toolkit's usual place, for a shell that does not have it on PATH.
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
 
-# Check what the run needs before spending minutes on the build.
-if ! "$py" -c "import flash_kda" 2>/dev/null; then
-  echo "scripts/test.sh: the flash_kda package is not installed; run 'pip install .' first" >&2
-  exit 1
+imports() { "$py" -c "import $1" >/dev/null 2>&1; }
+
+# pip_get MODULE REQUIREMENT: installs REQUIREMENT when MODULE does not import; on failure
+# records why and returns 1.
+pip_get() {
+  imports "$1" && return 0
+  echo "scripts/test.sh: $1 is missing; pip install $2"
+  local log
+  if ! log=$("$py" -m pip install -q --disable-pip-version-check "$2" 2>&1) || ! imports "$1"; then
+    skipped+=("$1: pip install $2 failed: $(tail -n 1 <<<"$log")")
+    return 1
+  fi
+}
+
+if ! imports flash_kda; then
+  echo "scripts/test.sh: flash_kda is not installed for $py; pip install $root (compiles the package)"
+  if ! "$py" -m pip install --disable-pip-version-check "$root"; then
+    echo "scripts/test.sh: 'pip install $root' failed; nothing can be tested without the package" >&2
+    exit 1
+  fi
 fi
-if ! err=$("$py" -c "import pytest" 2>&1); then
-  echo "scripts/test.sh: pytest does not import for $py (run '$py -m pip install pytest'): ${err##*$'\n'}" >&2
-  exit 1
+# CMake >= 3.24 (with ctest): the one on PATH, else the cmake package from PyPI.
+if ! cmake -P /dev/stdin <<<'if(CMAKE_VERSION VERSION_LESS 3.24)
+  message(FATAL_ERROR "old")
+endif()' >/dev/null 2>&1; then
+  if ! pip_get cmake "cmake>=3.24"; then
+    echo "scripts/test.sh: no CMake >= 3.24 on PATH and ${skipped[-1]}" >&2
+    exit 1
+  fi
+  PATH=$("$py" -c "import cmake; print(cmake.CMAKE_BIN_DIR)"):$PATH
 fi
+have_pytest=1
+pip_get pytest pytest || have_pytest=0
+pip_get matplotlib matplotlib || true  # without it the chart tests skip, saying so
+
 # Counts come from these files: never report a previous run's.
 rm -f "$build/junit-cpp.xml" "$build/junit-python.xml"
 
@@ -35,16 +74,20 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFLASH_KDA_CUDA="${FLAS
 cmake --build "$build"
 status=0
 ctest --test-dir "$build" --output-on-failure --output-junit "$build/junit-cpp.xml" || status=1
-
-if [[ -f tests/install/run.sh ]]; then
-  bash tests/install/run.sh || status=1
+if [[ -f $build/cpp-suite-skipped.txt ]]; then
+  skipped+=("C++ GoogleTest suite: $(<"$build/cpp-suite-skipped.txt")")
 fi
 
-# The in-tree package lives in python/, so `import flash_kda` here is the installed one.
-"$py" -m pytest -ra --rootdir "$root" -c "$root/pyproject.toml" --junitxml "$build/junit-python.xml" \
-  "$root/tests/python" || status=1
+bash tests/install/run.sh || status=1
 
-"$py" - "$build/junit-cpp.xml" "$build/junit-python.xml" <<'PY'
+if ((have_pytest)); then
+  # The in-tree package lives in python/, so `import flash_kda` here is the installed one.
+  "$py" -m pytest -ra --rootdir "$root" -c "$root/pyproject.toml" --junitxml "$build/junit-python.xml" \
+    "$root/tests/python" || status=1
+fi
+
+for s in "${skipped[@]}"; do echo "skipped: $s"; done
+"$py" - "$build/junit-cpp.xml" "$build/junit-python.xml" "$have_pytest" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 
@@ -60,8 +103,10 @@ def counts(path):
     return total, skipped, failed
 
 cpp, py = counts(sys.argv[1]), counts(sys.argv[2])
+py_wanted = sys.argv[3] == "1"
 fmt = lambda c: "did not run" if c is None else f"{c[0] - c[1]} ran, {c[1]} skipped"
-failed = sum(1 if c is None else c[2] for c in (cpp, py))
-print(f"tests: C++ {fmt(cpp)}; Python {fmt(py)}; failed: {failed}")
+failed = (1 if cpp is None else cpp[2]) + (0 if py is None and not py_wanted else 1 if py is None else py[2])
+py_text = fmt(py) if py_wanted else "not run (pytest unavailable, see skipped:)"
+print(f"tests: C++ {fmt(cpp)}; Python {py_text}; failed: {failed}")
 PY
 exit $status
