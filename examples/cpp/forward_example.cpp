@@ -76,6 +76,7 @@ struct DeviceBuffer {
   void* ptr = nullptr;
   explicit DeviceBuffer(size_t bytes) { check(cudaMalloc(&ptr, bytes ? bytes : 1), "cudaMalloc"); }
   ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr(other.ptr) { other.ptr = nullptr; }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
@@ -100,13 +101,14 @@ int run() {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f), rate(1.0f, 16.0f);
   auto bf16s = [&](int64_t n) {
-    std::vector<uint16_t> x(size_t(n));
+    std::vector<uint16_t> x(static_cast<size_t>(n));
     for (uint16_t& b : x) b = to_bf16(normal(rng));
     return x;
   };
   const std::vector<uint16_t> q = bf16s(T * H * K), k = bf16s(T * H * K), v = bf16s(T * HV * V);
   const std::vector<uint16_t> g = bf16s(T * HV * K), beta = bf16s(T * HV);
-  std::vector<float> A_log(size_t(HV)), dt_bias(size_t(HV * K)), h0(size_t(N * HV * V * K));
+  std::vector<float> A_log(static_cast<size_t>(HV)), dt_bias(static_cast<size_t>(HV * K));
+  std::vector<float> h0(static_cast<size_t>(N * HV * V * K));
   for (float& a : A_log) a = std::log(rate(rng));
   for (float& d : dt_bias) d = unit(rng);
   for (float& s : h0) s = 0.1f * normal(rng);
@@ -114,7 +116,7 @@ int run() {
   // The GPU call: device buffers, a caller-owned workspace and stream.
   DeviceBuffer d_q = upload(q), d_k = upload(k), d_v = upload(v), d_g = upload(g), d_beta = upload(beta);
   DeviceBuffer d_A_log = upload(A_log), d_dt_bias = upload(dt_bias), d_cu = upload(cu), d_h0 = upload(h0);
-  DeviceBuffer d_out(size_t(T * HV * V) * 2), d_h1(h0.size() * sizeof(float));
+  DeviceBuffer d_out(static_cast<size_t>(T * HV * V) * 2), d_h1(h0.size() * sizeof(float));
   const auto cuda = [](void* p, DType dtype, std::initializer_list<int64_t> shape) {
     return make_tensor(p, dtype, shape, DeviceType::CUDA, /*device_id=*/0);
   };
@@ -142,7 +144,7 @@ int run() {
   check(cudaStreamSynchronize(stream), "the forward kernels");
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
 
-  std::vector<uint16_t> out_bf16(size_t(T * HV * V));
+  std::vector<uint16_t> out_bf16(static_cast<size_t>(T * HV * V));
   std::vector<float> h1(h0.size());
   check(cudaMemcpy(out_bf16.data(), d_out.ptr, out_bf16.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy out");
   check(cudaMemcpy(h1.data(), d_h1.ptr, h1.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy final_state");
