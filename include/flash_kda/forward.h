@@ -48,8 +48,9 @@ enum class StateLayout : int {
 /// | A_log          | fp32             | [HV]             |                         |
 /// | dt_bias        | fp32             | [HV, K] or [HV*K]|                         |
 /// | cu_seqlens     | int64 or int32   | absent           | [N+1], 0 = cu[0] <= ... <= cu[N] = T_total |
-/// | initial_state  | bf16 or fp32     | [B, HV, V, K] (VFirst) or [B, HV, K, V] | [N, ...] |
-/// | final_state    | same dtype as initial_state when both are given; fp64 allowed by the reference |
+/// | cu_seqlens_cpu | int64 or int32   | absent           | host copy of cu_seqlens (optional) |
+/// | initial_state  | bf16 or fp32 (reference: also fp64) | [B, HV, V, K] (VFirst) or [B, HV, K, V] | [N, ...] |
+/// | final_state    | same dtype as initial_state when both are given (reference: bf16, fp32 or fp64) |
 ///
 /// Value head hv reads q/k head hv / (HV / H) (GVA). All tensors contiguous, all on one
 /// device. Inputs are never modified; out and final_state are written in full.
@@ -97,7 +98,9 @@ enum class Target : int {
 
 /// Checks every argument of `args` for `target` and returns the derived sizes.
 /// Throws flash_kda::Error naming the first bad argument and what was expected. Reads no
-/// tensor data (cu_seqlens values on a GPU are checked by the reference only).
+/// tensor data except host index tensors: cu_seqlens on the host (the reference) and the host
+/// copy cu_seqlens_cpu (any target), whose values are checked; values of a cu_seqlens on the
+/// GPU are not. The per-tensor rules come from the call table (flash_kda/call_table.h).
 ProblemShape validate(const ForwardArgs& args, Target target);
 
 /// Launch choices a caller may fix instead of leaving them to the launch plan. Every field 0
