@@ -7,7 +7,7 @@ waits), so that a chain's time can be read segment by segment.
     python3 scripts/profile_summary.py profile-out/recurrence-sass.csv [--top 25]
 
 Why: the source page has ~4,700 rows and ~80 columns; what a tuning step needs from it is which
-stall dominates and at which instructions (docs/perf-notes.md, "Profiled")."""
+stall dominates and at which instructions (docs/performance.md)."""
 from __future__ import annotations
 
 import argparse

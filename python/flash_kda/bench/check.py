@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 
-#: Accuracy contract of issue 3: relative Frobenius error vs the fp64 reference at most 1e-2.
+#: Accuracy contract (docs/kda-spec.md): relative Frobenius error vs the fp64 reference at most 1e-2.
 REF_BOUND = 1e-2
-#: Issue 3: flash_kda's error at most this multiple of fla chunk_kda's on the same inputs.
+#: The accuracy contract: flash_kda's error at most this multiple of fla chunk_kda's on the same inputs.
 FLA_RATIO_BOUND = 1.5
 
 
