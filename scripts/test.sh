@@ -102,6 +102,27 @@ def counts(path):
     failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
     return total, skipped, failed
 
+def cpp_skip_reasons(path):
+    """(test, reason) of each skipped ctest test: the example's "SKIP: ..." line or the line
+    after GoogleTest's "Skipped"."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    found = []
+    for case in root.iter("testcase"):
+        if case.find("skipped") is None:
+            continue
+        lines = (case.findtext("system-out") or "").splitlines()
+        reason = next((l[len("SKIP: "):] for l in lines if l.startswith("SKIP: ")), None)
+        if reason is None:
+            after = [lines[i + 1] for i, l in enumerate(lines[:-1]) if l.endswith(": Skipped")]
+            reason = after[0].strip() if after else case.find("skipped").get("message", "")
+        found.append((case.get("name"), reason))
+    return found
+
+for name, reason in cpp_skip_reasons(sys.argv[1]):
+    print(f"C++ test skipped: {name}: {reason}")
 cpp, py = counts(sys.argv[1]), counts(sys.argv[2])
 py_wanted = sys.argv[3] == "1"
 fmt = lambda c: "did not run" if c is None else f"{c[0] - c[1]} ran, {c[1]} skipped"
