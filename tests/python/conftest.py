@@ -29,6 +29,12 @@ def cuda_sm90_skip_reason() -> str | None:
     return None
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--num-sms", type=int, default=None, metavar="N",
+                     help="run the GPU tests on a CUDA green context of N SMs (a multiple of 8) with flash_kda's "
+                     "plan told the same count: the forward as on a smaller sm_90 part (80 ~ H20, 112 ~ H100 PCIe)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda_sm90: needs PyTorch with CUDA and an sm_90 GPU (skipped otherwise)")
     config.addinivalue_line("markers", "large_memory: needs most of the GPU's memory; run it alone")
@@ -51,3 +57,35 @@ def cuda_sm90():
 
     index = next(i for i in range(torch.cuda.device_count()) if torch.cuda.get_device_capability(i) == (9, 0))
     return torch.device("cuda", index)
+
+
+@pytest.fixture(scope="session")
+def _sm_partition(request):
+    """With --num-sms N: the green context of N SMs the GPU tests run on (bench/partition.py)."""
+    n = request.config.getoption("--num-sms")
+    if n is None or cuda_sm90_skip_reason():
+        return None
+    from flash_kda.bench.partition import Partition
+
+    return Partition(n)
+
+
+@pytest.fixture(autouse=True)
+def _on_sm_partition(request, _sm_partition, monkeypatch):
+    """With --num-sms, a cuda_sm90 test runs on the partition's stream, and each flash_kda.fwd
+    call that names no launch_options gets LaunchOptions(num_sms=N)."""
+    if _sm_partition is None or request.node.get_closest_marker("cuda_sm90") is None:
+        yield
+        return
+    import torch
+    import flash_kda
+
+    real = flash_kda.fwd
+
+    def fwd(*args, **kwargs):
+        kwargs.setdefault("launch_options", flash_kda.LaunchOptions(num_sms=_sm_partition.num_sms))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flash_kda, "fwd", fwd)
+    with torch.cuda.stream(_sm_partition.stream):
+        yield
