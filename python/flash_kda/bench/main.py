@@ -93,7 +93,8 @@ def write_outputs(results: dict, args) -> None:
     """results.json, results.md and (unless --no-plot or no cases) chart.png in --out-dir;
     the Markdown at --markdown PATH (linking that chart); with --write-record,
     BENCHMARK_H200.md, .png and .json at the root of the checkout flash_kda runs from (an
-    editable install), else in the current folder (cli.repo_root)."""
+    editable install), else in the current folder (cli.repo_root), and the benchmark table of
+    the README.md there (report.update_readme)."""
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "results.json", out / "results.md"]
@@ -131,4 +132,6 @@ def write_outputs(results: dict, args) -> None:
         report.write_markdown(results, root / cli.RECORD_NAME, cli.RECORD_CHART if record_chart else None)
         report.write_json(results, root / cli.RECORD_JSON)
         written += [root / cli.RECORD_NAME, root / cli.RECORD_JSON]
+        if report.update_readme(root / "README.md", results):
+            written.append(root / "README.md")
     print("[flash_kda.bench] wrote " + ", ".join(str(p) for p in written), file=sys.stderr)

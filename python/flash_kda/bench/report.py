@@ -236,6 +236,46 @@ def accuracy_section(results: dict) -> list[str]:
     return md
 
 
+#: The README's benchmark table lies between these two lines; --write-record rewrites it.
+README_TABLE_BEGIN = "<!-- benchmark table: written by python -m flash_kda.bench --write-record -->"
+README_TABLE_END = "<!-- end of benchmark table -->"
+
+
+def readme_table(results: dict) -> list[str]:
+    """The README's benchmark table of a run: per case flash_kda eager and graph, fla eager and
+    graph (same run), FlashKDA's anchor and the floor (ms), then the eager geometric means."""
+    head = ["case", "flash_kda ms", "graph ms", "fla ms (same run)", "fla graph ms",
+            "FlashKDA ms (anchor, not this run)", "HBM floor ms"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    cols: dict = {"flash_kda": [], "fla": [], "anchor": []}
+    for r in results.get("cases", []):
+        a = r.get("anchor") or {}
+        vals = [_median(r, "flash_kda", "eager"), _median(r, "flash_kda", "graph"), _median(r, "fla", "eager"),
+                _median(r, "fla", "graph"), a.get("flash_kda_ms"), r.get("floor_ms")]
+        lines.append("| " + " | ".join([r["case"]["name"]] + [_ms(v) for v in vals]) + " |")
+        for key, v in zip(cols, (vals[0], vals[2], vals[4])):
+            if v is not None and v > 0:
+                cols[key].append(v)
+    means = [_ms(_geomean(v)) if v else "-" for v in cols.values()]
+    lines.append(f"| geometric mean (eager) | {means[0]} | | {means[1]} | | {means[2]} | |")
+    return lines
+
+
+def update_readme(readme: Path, results: dict) -> bool:
+    """Replace the table between README_TABLE_BEGIN and README_TABLE_END in `readme` with
+    readme_table(results); False (and nothing written) when the file or the markers are absent."""
+    try:
+        text = readme.read_text()
+    except OSError:
+        return False
+    begin, end = text.find(README_TABLE_BEGIN), text.find(README_TABLE_END)
+    if begin < 0 or end < begin:
+        return False
+    table = "\n".join(readme_table(results))
+    readme.write_text(text[: begin + len(README_TABLE_BEGIN)] + "\n" + table + "\n" + text[end:])
+    return True
+
+
 def write_json(results: dict, path: Path) -> None:
     """Write results as indented JSON (creating the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
