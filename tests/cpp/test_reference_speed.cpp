@@ -1,4 +1,4 @@
-// The reference must check a realistic long sequence in seconds (issue 2): T = 8192, H = 4,
+// The reference must check a realistic long sequence in seconds: T = 8192, H = 4,
 // K = V = 128, the FlashKDA configuration, bf16 in and out. The time is recorded as a test
 // property (see --gtest_output=xml); the bound is loose because CI machines are shared.
 #include <gtest/gtest.h>
