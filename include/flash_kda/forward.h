@@ -142,7 +142,7 @@ using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 /// counts): no host synchronisation, no allocation (all scratch lives in `workspace`,
 /// at least forward_workspace_size(args, options) bytes, 256-byte aligned, on the tensors' device),
 /// so the call can be captured in a CUDA graph. Results are bitwise deterministic.
-/// Supported subset today: K = V = 128; bf16 q, k, v, out; bf16 or fp32 g and beta; A_log and
+/// Supported subset: K = V = 128; bf16 q, k, v, out; bf16 or fp32 g and beta; A_log and
 /// dt_bias required; SafeSigmoid gate; use_qk_l2norm and use_beta_sigmoid on; allow_neg_eigval
 /// off; VFirst states (bf16 or fp32). Every data pointer 16-byte aligned. T = 0 is valid.
 /// final_state may be exactly initial_state (in-place update). The launch runs on q's device

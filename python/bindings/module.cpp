@@ -106,12 +106,12 @@ void run_forward(ForwardArgs& a, std::optional<double> scale, double lower_bound
   a.lower_bound = lower_bound;
   const LaunchOptions o = launch_options(options);
   nb::object workspace;
+  // The GIL stays held: the call validates, plans and enqueues (microseconds, no waiting), and
+  // the allocator is Python; releasing it around forward() would hand it off twice a call.
   const WorkspaceAllocator allocate = [&](size_t bytes) -> void* {
-    nb::gil_scoped_acquire gil;
     workspace = alloc(bytes);
     return reinterpret_cast<void*>(nb::cast<uintptr_t>(workspace.attr("data_ptr")()));
   };
-  nb::gil_scoped_release release;
   forward(a, allocate, reinterpret_cast<Stream>(stream), o);
 }
 

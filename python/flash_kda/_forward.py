@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import operator
 import os
 from typing import TYPE_CHECKING
 
@@ -15,9 +14,12 @@ if TYPE_CHECKING:
     import torch
 
 # The call's tensors in the call table's order (include/flash_kda/call_table.h): fwd and
-# reference name their parameters and locals after the table, so one itemgetter over locals()
-# builds the tuple _core takes, with no list of positions kept here.
-_pick_tensors = operator.itemgetter(*_core.forward_tensors)
+# reference build their tuples in this order, and the import fails if the table's order differs.
+FORWARD_TENSORS = ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "cu_seqlens", "initial_state",
+                   "final_state", "cu_seqlens_cpu")
+if tuple(_core.forward_tensors) != FORWARD_TENSORS:
+    raise ImportError(f"flash_kda._core's call table {tuple(_core.forward_tensors)} does not match the Python "
+                      f"package's {FORWARD_TENSORS}: the package and its extension are from different builds")
 
 # FLASH_KDA_CHECK_CU_SEQLENS=1 turns on fwd's check_cu_seqlens for every call (read once, at
 # import), for debugging a caller such as fla that cannot pass the keyword.
@@ -41,9 +43,9 @@ class LaunchOptions:
         recurrence_warps: warps per recurrence block, 4 or 8.
 
     Raises:
-        flash_kda.Error: a field is not an int >= 0 (named ``launch_options.<field>``). Values
-            that need the device to judge (num_sms above its SM count, recurrence_warps other
-            than 4 or 8, ...) are rejected by :func:`fwd`, under the same names.
+        flash_kda.Error: a field is not an int >= 0 (named ``launch_options.<field>``), here;
+            recurrence_warps other than 0, 4 or 8, and num_sms above the SMs of the call's
+            device or green context, are rejected by :func:`fwd` under the same names.
     """
 
     num_sms: int = 0
@@ -52,7 +54,7 @@ class LaunchOptions:
     recurrence_warps: int = 0
 
     def __post_init__(self) -> None:
-        self._as_tuple()
+        object.__setattr__(self, "_fields", self._as_tuple())  # checked once: the object is frozen
 
     def _as_tuple(self) -> tuple[int, int, int, int]:
         """The fields as C++ takes them, each checked: an int (not a bool), 0 <= value < 2^31
@@ -158,11 +160,12 @@ def fwd(
         if not isinstance(launch_options, LaunchOptions):
             raise _error("launch_options", "expected a flash_kda.LaunchOptions or None, got "
                          f"{type(launch_options).__name__}")
-        options = launch_options._as_tuple()
+        options = launch_options._fields
     if check_cu_seqlens is not False or _CHECK_CU_SEQLENS_ENV:
         if not isinstance(check_cu_seqlens, bool):
             raise _error("check_cu_seqlens", f"expected a bool, got {type(check_cu_seqlens).__name__}")
-        if (check_cu_seqlens or _CHECK_CU_SEQLENS_ENV) and isinstance(cu_seqlens, torch.Tensor):
+        if (check_cu_seqlens or _CHECK_CU_SEQLENS_ENV) and isinstance(cu_seqlens, torch.Tensor) \
+                and cu_seqlens_cpu is None:
             cu_seqlens_cpu = cu_seqlens.cpu()  # the device values themselves: one copy and a sync
     device = getattr(q, "device", None)
     if getattr(device, "type", None) == "cuda":
@@ -178,7 +181,7 @@ def fwd(
         def alloc(nbytes: int) -> torch.Tensor:
             return torch.empty(nbytes, dtype=torch.uint8)
 
-    tensors = _pick_tensors(locals())
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu)
     raw = _raw_descriptions(tensors, torch)
     if raw is not None:
         _core.forward_raw(raw, scale, lower_bound, alloc, stream, options)
@@ -233,11 +236,11 @@ def _current_raw_stream(torch, device) -> int:
 
 
 def _real(argument: str, value) -> float:
-    """float(value), or a flash_kda.Error naming `argument` when value is not a real number."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise _error(argument, f"expected a real number, got {type(value).__name__} {value!r}") from None
+    """float(value) for a real number (int, float, numpy scalar; not bool or str), else a
+    flash_kda.Error naming `argument`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _error(argument, f"expected a real number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 def _error(argument: str, expected: str) -> Exception:

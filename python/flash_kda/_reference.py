@@ -7,7 +7,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _core
-from ._forward import _error, _pick_tensors, _real
+from ._forward import _error, _real
 
 
 def _host(x: Any, name: str) -> Any:
@@ -141,6 +141,7 @@ def reference(
         final_state = np.empty((max(n, 0), hv, *dims), dtype=np.float64)
     cu_seqlens_cpu = None  # cu_seqlens is already on the host: its values are checked as given
 
-    _core.reference_forward(_pick_tensors(locals()), scale, lower_bound, gate, state_layout, *flags[:3],
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu)
+    _core.reference_forward(tensors, scale, lower_bound, gate, state_layout, *flags[:3],
                             int(num_threads))
     return out, final_state

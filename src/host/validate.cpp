@@ -212,7 +212,7 @@ void check_flags(const ForwardArgs& a, Target target) {
     throw Error("scale", "must fit fp32 (<= 3.4e38) for the Sm90 kernels, got " + std::to_string(*a.scale));
 }
 
-// What the sm_90a kernels implement today; everything else runs on the reference only.
+// What the sm_90a kernels implement; everything else runs on the reference only.
 void check_sm90_subset(const ForwardArgs& a, const ProblemShape& p) {
   const std::string subset =
       "the Sm90 kernels support K = V = 128, the safe gate, use_qk_l2norm, use_beta_sigmoid, "

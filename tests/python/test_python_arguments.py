@@ -77,11 +77,16 @@ def test_reference_rank_errors_read_alike():
 
 
 @pytest.mark.parametrize("name", ["scale", "lower_bound"])
-@pytest.mark.parametrize("value", ["x", None, [1.0]])
+@pytest.mark.parametrize("value", ["x", "0.5", True, None, [1.0]])
 def test_reference_scalars(name, value):
     if name == "scale" and value is None:
         return  # scale=None is valid (K**-0.5); the good call below checks it
     _assert_names(_reference_error(**{name: value}), name, "expected a real number")
+
+
+def test_reference_numpy_scalars_are_real():
+    out, _ = flash_kda.reference(**_inputs(), scale=np.float32(0.25), lower_bound=np.float64(-5.0))
+    assert out.shape == (1, 6, 2, 3) and np.isfinite(out).all()
 
 
 def test_reference_scale_none_is_valid():
@@ -221,7 +226,8 @@ def test_fwd_dtype_named(torch_module):
     _assert_names(_fwd_error(beta=x["beta"].astype(np.bool_)), "beta", "expected dtype bf16 or fp32, got bool")
 
 
-@pytest.mark.parametrize("name, value", [("lower_bound", "x"), ("scale", "x"), ("scale", [1.0])])
+@pytest.mark.parametrize("name, value", [("lower_bound", "x"), ("lower_bound", "-5"), ("lower_bound", False),
+                                         ("scale", "x"), ("scale", "0.5"), ("scale", True), ("scale", [1.0])])
 def test_fwd_scalars(torch_module, name, value):
     _assert_names(_fwd_error(**{name: value}), name, "expected a real number")
 

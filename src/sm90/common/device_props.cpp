@@ -13,10 +13,6 @@
 namespace flash_kda::sm90 {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
-}
-
 using CtxGetCurrent = CUresult (*)(CUcontext*);
 using CtxGetId = CUresult (*)(CUcontext, unsigned long long*);
 using CtxGetDevResource = CUresult (*)(CUcontext, CUdevResource*, CUdevResourceType);
@@ -75,7 +71,7 @@ DeviceProps query(int device, CUstream_st* stream) {
   DeviceProps d;
   d.device = device;
   auto attr = [device](int& out, cudaDeviceAttr a) {
-    check(cudaDeviceGetAttribute(&out, a, device), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&out, a, device), "cudaDeviceGetAttribute");
   };
   attr(d.major, cudaDevAttrComputeCapabilityMajor);
   attr(d.minor, cudaDevAttrComputeCapabilityMinor);
@@ -95,13 +91,19 @@ DeviceProps query(int device, CUstream_st* stream) {
 
 }  // namespace
 
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
+}
+
 uint64_t stream_context_key(int device, CUstream_st* stream) {
   if (current_context() == nullptr && driver().get_current != nullptr)
-    check(cudaSetDevice(device), "cudaSetDevice");  // makes the device's primary context current
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");  // makes the device's primary context current
   CUcontext ctx = stream_context(stream);
   unsigned long long id = 0;
+  // The device is part of the key: properties are queried for `device`, and a stream of another
+  // device's context must not leave them under that context's key.
   if (ctx != nullptr && driver().get_id != nullptr && driver().get_id(ctx, &id) == CUDA_SUCCESS && id != 0)
-    return id;
+    return (uint64_t(uint32_t(device)) << 48) ^ id;
   return device_key(device);
 }
 

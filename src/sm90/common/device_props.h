@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include <driver_types.h>  // cudaError_t
+
 struct CUstream_st;
 
 namespace flash_kda::sm90 {
@@ -23,7 +25,10 @@ struct DeviceProps {
   int smem_reserved_per_block = 0;  // bytes the driver reserves per resident block
 };
 
-/// A key of the context `stream` belongs to (the current one for the NULL and per-thread
+/// Throws flash_kda::CudaError("flash_kda: <what>: <the CUDA error>") unless e is cudaSuccess.
+void check_cuda(cudaError_t e, const char* what);
+
+/// A key of the (device, context) `stream` belongs to (the current one for the NULL and per-thread
 /// streams), unique for the process's lifetime (cuCtxGetId); `device`'s primary context is made
 /// current first when no context is current; a key derived from `device` where the driver has
 /// no context ids. Throws CudaError when the device cannot be made current.

@@ -17,9 +17,9 @@ namespace flash_kda::sm90 {
 /// Lets `Kernel` use `bytes` of dynamic shared memory (above the 48 KB default) in the context
 /// `context_key` (stream_context_key(): the context of the call's stream, a green context
 /// included). The attribute is set the first time per context, for up to kSlots contexts, and on
-/// every call beyond them: a green context stands in for its device's primary context where
-/// module state is concerned, so once per device would do today, but a separate context (one
-/// made by cuCtxCreate) loads modules of its own, and once per context is right for both. The first
+/// every call beyond them: a green context shares its device's primary context's modules, but a
+/// separate context (one made by cuCtxCreate) loads modules of its own, so once per context is
+/// right for both. The first
 /// `bytes` sticks: pass the kernel's largest size, the same on every call. Returns the CUDA error
 /// of the attribute call.
 template <auto Kernel>
