@@ -36,7 +36,7 @@ ProblemShape shape(int64_t batch, int64_t T, int64_t heads, int64_t num_seqs = -
 }
 
 Plan plan_for(const ProblemShape& p, int sms = 132, LaunchOptions o = {}) {
-  return flash_kda::sm90::make_plan({p, flash_kda::sm90::sm90_device(sms), o});
+  return flash_kda::sm90::make_plan({p, flash_kda::sm90::sm90_device(sms), o}, flash_kda::sm90::workspace_layout(p, o));
 }
 LaunchOptions with_segments(int s) { LaunchOptions o; o.segments = s; return o; }
 LaunchOptions with_windows(int64_t w) { LaunchOptions o; o.window_slots = w; return o; }
@@ -49,8 +49,8 @@ TEST(Sm90Plan, FewHeadsLongSequencesTakeSegments) {
   EXPECT_EQ(h4.num_windows, 1);
   EXPECT_EQ(h4.max_segs, 16);  // 132 SMs / 4 (sequence, head) pairs = 33, capped at 16
   EXPECT_EQ(h4.seg_len, 256);  // 4096 chunks / 16
-  EXPECT_EQ(h4.seg_maps_bytes, size_t(2) * 15 * 4 * kStateBytes);
-  EXPECT_EQ(h4.seg_states_bytes, size_t(16) * 4 * kStateBytes);
+  EXPECT_EQ(h4.bytes.seg_maps, size_t(2) * 15 * 4 * kStateBytes);
+  EXPECT_EQ(h4.bytes.seg_states, size_t(16) * 4 * kStateBytes);
   const Plan h8 = plan_for(shape(1, 32768, 8));
   EXPECT_EQ(h8.max_segs, 16);
   EXPECT_EQ(h8.seg_len, 128);
@@ -69,7 +69,7 @@ TEST(Sm90Plan, WideOrShortProblemsDoNot) {
                                 shape(16, 2048, 32), shape(1, 8192, 96, 6)}) {
     const Plan plan = plan_for(p);
     EXPECT_EQ(plan.seg_len, 0) << name(p);
-    EXPECT_EQ(plan.seg_maps_bytes + plan.seg_states_bytes, 0u);
+    EXPECT_EQ(plan.bytes.seg_maps + plan.bytes.seg_states, 0u);
   }
   // Varlen: 16 sequences of 512 tokens with one head are short on average, whatever T_total.
   EXPECT_EQ(plan_for(shape(1, 16 * 512, 1, 16)).seg_len, 0);
@@ -100,7 +100,7 @@ TEST(Sm90Plan, SegmentsNeedOneWindow) {
   const Plan plan = plan_for(shape(1, 1000, 2), 132, o);
   EXPECT_GT(plan.num_windows, 1);
   EXPECT_EQ(plan.seg_len, 0);
-  EXPECT_GT(plan.carry_bytes, 0u);
+  EXPECT_GT(plan.bytes.carry, 0u);
 }
 
 TEST(Sm90Plan, WindowsCoverEverySlot) {
@@ -115,8 +115,8 @@ TEST(Sm90Plan, WindowsCoverEverySlot) {
     // Several windows: two record buffers, stage 1 of one window filling one while the
     // state pass of the window before reads the other.
     const size_t buffers = plan.num_windows > 1 ? 2 : 1;
-    EXPECT_EQ(plan.records_bytes, buffers * size_t(forced) * 3 * kRecordBytes);
-    EXPECT_EQ(plan.done_bytes, plan.num_windows > 1 ? size_t(plan.num_windows) * 4 : 0u);
+    EXPECT_EQ(plan.bytes.records, buffers * size_t(forced) * 3 * kRecordBytes);
+    EXPECT_EQ(plan.bytes.done, plan.num_windows > 1 ? size_t(plan.num_windows) * 4 : 0u);
     // Stage 1: one block per slot of each window; windows after the first are the programmatic
     // dependents of the pass before.
     int64_t blocks = 0;
@@ -139,9 +139,9 @@ TEST(Sm90Plan, LongChainsThatLeaveSMsIdleArePipelined) {
     const int64_t slots = 1 + p.seqlen / 16;
     EXPECT_EQ(plan.num_windows, 3) << p.value_heads;
     EXPECT_EQ(plan.window_slots, (slots + 2) / 3);
-    EXPECT_EQ(plan.records_bytes, 2 * size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes);
-    EXPECT_GT(plan.carry_bytes, 0u);
-    EXPECT_EQ(plan.done_bytes, 3 * sizeof(uint32_t));
+    EXPECT_EQ(plan.bytes.records, 2 * size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes);
+    EXPECT_GT(plan.bytes.carry, 0u);
+    EXPECT_EQ(plan.bytes.done, 3 * sizeof(uint32_t));
     EXPECT_EQ(plan.seg_len, 0);
     // A pipelined window keeps its SMs: the exclusive reservation.
     EXPECT_EQ(plan.window_pass.smem_bytes, 200 * 1024);
@@ -155,7 +155,7 @@ TEST(Sm90Plan, LongChainsThatLeaveSMsIdleArePipelined) {
                                 shape(1, 8192, 101), shape(1, 4000, 96)}) {
     const Plan plan = plan_for(p);
     EXPECT_EQ(plan.num_windows, 1) << name(p);
-    EXPECT_EQ(plan.carry_bytes + plan.done_bytes, 0u);
+    EXPECT_EQ(plan.bytes.carry + plan.bytes.done, 0u);
   }
 }
 
@@ -201,7 +201,7 @@ TEST(Sm90Plan, BlockWidthAndReservations) {
   // Shared memory unlike every sm_90 part's: no reservations.
   flash_kda::sm90::DeviceProps odd = flash_kda::sm90::sm90_device(132);
   odd.smem_per_block_optin = 160 * 1024;
-  const Plan small = flash_kda::sm90::make_plan({shape(1, 1024, 32), odd, {}});
+  const Plan small = flash_kda::sm90::make_plan({shape(1, 1024, 32), odd, {}}, flash_kda::sm90::workspace_layout(shape(1, 1024, 32), {}));
   EXPECT_EQ(small.window_pass.smem_bytes, flash_kda::sm90::RecurrenceSmem<4>::kBytes);
   EXPECT_EQ(small.window_pass.smem_attr, flash_kda::sm90::RecurrenceSmem<4>::kBytes);
 }
@@ -260,7 +260,7 @@ TEST(Sm90Plan, RecordBudgetHoldsForManyHeads) {
   // 1M tokens x 96 heads: windows keep the records near 2 GiB.
   const Plan plan = plan_for(shape(1, (int64_t(1) << 20) + 3, 96, 64));
   EXPECT_GT(plan.num_windows, 1);
-  EXPECT_LE(plan.records_bytes, size_t(2) << 30);
+  EXPECT_LE(plan.bytes.records, size_t(2) << 30);
 }
 
 // The workspace is sized from the shape alone: every plan for every SM count an sm_90 part can
@@ -291,16 +291,16 @@ TEST(Sm90Plan, WorkspaceCapacityCoversEverySmCount) {
       for (int sms = 1; sms <= 140; ++sms) {
         const Plan plan = plan_for(p, sms, o);
         any_segments |= plan.segments();
-        ASSERT_TRUE(flash_kda::sm90::plan_fits(plan, at))
+        ASSERT_TRUE(plan.bytes.fits_in(at.cap))
             << name(p) << " on " << sms << " SMs (warps " << o.recurrence_warps << ", segments " << o.segments
-            << ", windows " << o.window_slots << "): records " << plan.records_bytes << " / " << at.records_cap
-            << ", carry " << plan.carry_bytes << " / " << at.carry_cap << ", maps " << plan.seg_maps_bytes << " / "
-            << at.seg_maps_cap << ", states " << plan.seg_states_bytes << " / " << at.seg_states_cap << ", done "
-            << plan.done_bytes << " / " << at.done_cap;
+            << ", windows " << o.window_slots << "): records " << plan.bytes.records << " / " << at.cap.records
+            << ", carry " << plan.bytes.carry << " / " << at.cap.carry << ", maps " << plan.bytes.seg_maps << " / "
+            << at.cap.seg_maps << ", states " << plan.bytes.seg_states << " / " << at.cap.seg_states << ", done "
+            << plan.bytes.done << " / " << at.cap.done;
         ++checked;
       }
       // The capacity holds segment buffers only where some SM count takes segments.
-      if (!any_segments) EXPECT_EQ(at.seg_maps_cap + at.seg_states_cap, 0u) << name(p);
+      if (!any_segments) EXPECT_EQ(at.cap.seg_maps + at.cap.seg_states, 0u) << name(p);
     }
   EXPECT_GT(checked, 100000);
 }
@@ -311,12 +311,12 @@ TEST(Sm90Plan, WorkspaceIsTheLargestPartsPlan) {
                                 shape(1, 1024, 4), shape(8, 1024, 96)}) {
     const WorkspaceLayout at = flash_kda::sm90::workspace_layout(p, {});
     const Plan full = plan_for(p, 132);
-    EXPECT_EQ(at.records_cap, full.records_bytes) << name(p);
-    EXPECT_EQ(at.carry_cap, full.carry_bytes) << name(p);
-    EXPECT_EQ(at.done_cap, full.done_bytes) << name(p);
-    EXPECT_EQ(at.seg_maps_cap, full.seg_maps_bytes) << name(p);
-    EXPECT_EQ(at.seg_states_cap, full.seg_states_bytes) << name(p);
-    for (int sms : {78, 114}) EXPECT_TRUE(flash_kda::sm90::plan_fits(plan_for(p, sms), at)) << name(p) << sms;
+    EXPECT_EQ(at.cap.records, full.bytes.records) << name(p);
+    EXPECT_EQ(at.cap.carry, full.bytes.carry) << name(p);
+    EXPECT_EQ(at.cap.done, full.bytes.done) << name(p);
+    EXPECT_EQ(at.cap.seg_maps, full.bytes.seg_maps) << name(p);
+    EXPECT_EQ(at.cap.seg_states, full.bytes.seg_states) << name(p);
+    for (int sms : {78, 114}) EXPECT_TRUE(plan_for(p, sms).bytes.fits_in(at.cap)) << name(p) << sms;
   }
 }
 

@@ -54,8 +54,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
     throw Error("q", "tensors on an sm_90 (Hopper) GPU; device " + std::to_string(device) + " is sm_" +
                          std::to_string(props.major) + std::to_string(props.minor));
   validate_device_options(options, props);
-  const Plan plan = make_plan({p, props, options});
-  if (!plan_fits(plan, at)) throw Error("workspace", "internal: the launch plan exceeds the workspace capacity");
+  const Plan plan = make_plan({p, props, options}, at);  // within `at` by construction (plan.h)
 
   if (allocate != nullptr) {
     workspace = need > 0 ? (*allocate)(need) : nullptr;
@@ -142,7 +141,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
   rp.final_state = final_state;
   rp.state_is_f32 = state_is_f32;
   const size_t window_records = size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes;
-  if (plan.pipelined()) check_cuda(cudaMemsetAsync(done, 0, plan.done_bytes, stream), "cudaMemsetAsync (window counts)");
+  if (plan.pipelined()) check_cuda(cudaMemsetAsync(done, 0, plan.bytes.done, stream), "cudaMemsetAsync (window counts)");
   for (int64_t w = 0; w < plan.num_windows; ++w) {
     pp.slot_begin = rp.slot_begin = plan.window_begin(w);
     pp.slot_end = rp.slot_end = plan.window_end(w);

@@ -174,11 +174,7 @@ namespace {
 // need, on `sms` SMs (pipelining only when `pipelining`).
 struct Memory {
   int64_t window_slots = 0, num_windows = 0, seg_len = 0, max_segs = 1;
-  size_t records = 0, carry = 0, done = 0, seg_maps = 0, seg_states = 0;
-  bool fits(const Memory& cap) const {
-    return records <= cap.records && carry <= cap.carry && done <= cap.done && seg_maps <= cap.seg_maps &&
-           seg_states <= cap.seg_states;
-  }
+  WorkspaceBuffers bytes;
 };
 
 Memory decide_memory(const ProblemShape& p, const Shape& s, const LaunchOptions& o, int64_t sms, bool pipelining) {
@@ -196,32 +192,32 @@ Memory decide_memory(const ProblemShape& p, const Shape& s, const LaunchOptions&
       s.windows((s.total_slots + kPipelineWindows - 1) / kPipelineWindows, m.window_slots, m.num_windows);
   }
   const bool windows = m.num_windows > 1;
-  m.records = size_t(m.window_slots) * size_t(s.per_slot) * (windows ? 2 : 1);
-  m.carry = windows ? 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float) : 0;
-  m.done = windows ? size_t(m.num_windows) * sizeof(uint32_t) : 0;
+  m.bytes.records = size_t(m.window_slots) * size_t(s.per_slot) * (windows ? 2 : 1);
+  m.bytes.carry = windows ? 2 * size_t(p.value_heads) * kHeadDim * kHeadDim * sizeof(float) : 0;
+  m.bytes.done = windows ? size_t(m.num_windows) * sizeof(uint32_t) : 0;
   if (segments) {
     s.segment_split(segs, m.seg_len, m.max_segs);
     const size_t per_seg = s.per_seg(p);
-    m.seg_maps = 2 * per_seg * size_t(m.max_segs - 1);
-    m.seg_states = per_seg * size_t(m.max_segs);
+    m.bytes.seg_maps = 2 * per_seg * size_t(m.max_segs - 1);
+    m.bytes.seg_states = per_seg * size_t(m.max_segs);
   }
   return m;
 }
 
-// The decisions for `sms` SMs within the workspace of the largest part (plan.h): the part's own
-// choice when its buffers fit, else the same without pipelining, else the largest part's.
-Memory memory_within_capacity(const ProblemShape& p, const Shape& s, const LaunchOptions& o, int64_t sms) {
+// The decisions for `sms` SMs within `cap`, the workspace of the largest part (plan.h): the
+// part's own choice when its buffers fit, else the same without pipelining, else the largest
+// part's (whose buffers are `cap`).
+Memory memory_within_capacity(const ProblemShape& p, const Shape& s, const LaunchOptions& o, int64_t sms,
+                              const WorkspaceBuffers& cap) {
   const Memory own = decide_memory(p, s, o, sms, true);
-  if (sms >= kMaxSms) return own;
-  const Memory cap = decide_memory(p, s, o, kMaxSms, true);
-  if (own.fits(cap)) return own;
+  if (sms >= kMaxSms || own.bytes.fits_in(cap)) return own;
   const Memory plain = decide_memory(p, s, o, sms, false);
-  return plain.fits(cap) ? plain : cap;
+  return plain.bytes.fits_in(cap) ? plain : decide_memory(p, s, o, kMaxSms, true);
 }
 
 }  // namespace
 
-Plan make_plan(const PlanInput& in) {
+Plan make_plan(const PlanInput& in, const WorkspaceLayout& at) {
   const ProblemShape& p = in.shape;
   const LaunchOptions& o = in.options;
   const Shape s(p);
@@ -239,12 +235,10 @@ Plan make_plan(const PlanInput& in) {
                             kExclusiveBytes + kPrepareSmemBytes + 2 * d.smem_reserved_per_block > d.smem_per_sm;
 
   plan.window_warps = window_warps_for(s.pairs, sms, o.recurrence_warps);
-  const Memory m = memory_within_capacity(p, s, o, sms);
+  const Memory m = memory_within_capacity(p, s, o, sms, at.cap);
   plan.window_slots = m.window_slots;
   plan.num_windows = m.num_windows;
-  plan.records_bytes = m.records;
-  plan.carry_bytes = m.carry;
-  plan.done_bytes = m.done;
+  plan.bytes = m.bytes;
   const bool windows = plan.num_windows > 1;
 
   const uint64_t HV = static_cast<uint64_t>(p.value_heads);
@@ -256,8 +250,6 @@ Plan make_plan(const PlanInput& in) {
   if (m.seg_len > 0) {
     plan.seg_len = m.seg_len;
     plan.max_segs = m.max_segs;
-    plan.seg_maps_bytes = m.seg_maps;
-    plan.seg_states_bytes = m.seg_states;
     // Block x: segment x % max_segs of sequence x / max_segs; z: column blocks (x P and Q).
     const uint64_t gx = uint64_t(p.num_seqs) * uint64_t(plan.max_segs);
     const uint64_t cb = recurrence_column_blocks(kSegmentWarps);
@@ -284,23 +276,13 @@ Plan make_plan(const PlanInput& in) {
 WorkspaceLayout workspace_layout(const ProblemShape& p, const LaunchOptions& o) {
   const Memory m = decide_memory(p, Shape(p), o, kMaxSms, true);
   WorkspaceLayout at;
-  at.records_cap = m.records;
-  at.carry_cap = m.carry;
-  at.seg_maps_cap = m.seg_maps;
-  at.seg_states_cap = m.seg_states;
-  at.done_cap = m.done;
-  at.carry = round_up(at.records_cap);
-  at.seg_maps = at.carry + round_up(at.carry_cap);
-  at.seg_states = at.seg_maps + round_up(at.seg_maps_cap);
-  at.done = at.seg_states + round_up(at.seg_states_cap);
-  at.total = at.done + round_up(at.done_cap);
+  at.cap = m.bytes;
+  at.carry = round_up(at.cap.records);
+  at.seg_maps = at.carry + round_up(at.cap.carry);
+  at.seg_states = at.seg_maps + round_up(at.cap.seg_maps);
+  at.done = at.seg_states + round_up(at.cap.seg_states);
+  at.total = at.done + round_up(at.cap.done);
   return at;
-}
-
-bool plan_fits(const Plan& plan, const WorkspaceLayout& at) {
-  return plan.records_bytes <= at.records_cap && plan.carry_bytes <= at.carry_cap &&
-         plan.seg_maps_bytes <= at.seg_maps_cap && plan.seg_states_bytes <= at.seg_states_cap &&
-         plan.done_bytes <= at.done_cap;
 }
 
 }  // namespace flash_kda::sm90

@@ -8,7 +8,7 @@
 // choices depend on the SM count: segments are taken only when num_sms / pairs >= 8, pipelined
 // windows only when the state pass leaves >= 32 SMs idle. So the workspace is sized by the plan
 // of the largest sm_90 part (kMaxSms = 132 SMs, the H100/H200 SXM), at offsets that do not move
-// (workspace_layout), and a plan for fewer SMs keeps its buffers within it (plan_fits; tested for
+// (workspace_layout), and a plan for fewer SMs keeps its buffers within it (fits_in; tested for
 // every SM count): it takes its own choice when that fits, else the same without pipelining,
 // else the largest part's windows and segments with its own grids. Fewer SMs never need more
 // segments (the count grows with the SMs), and never pipeline where 132 SMs do not (pipelining
@@ -29,6 +29,19 @@ namespace flash_kda::sm90 {
 
 /// The most SMs of any sm_90 part; the plan never plans for more (see above).
 inline constexpr int kMaxSms = 132;
+
+/// Bytes of each workspace buffer: a plan's use, or the workspace's capacity.
+struct WorkspaceBuffers {
+  size_t records = 0;     // chunk records of one window, or of two with several windows
+  size_t carry = 0;       // two fp32 [HV, V, K] states: the sequence crossing a window boundary
+  size_t done = 0;        // one uint32 completion count per window
+  size_t seg_maps = 0;    // P and Q of every segment but the last, fp32 [V, K] each
+  size_t seg_states = 0;  // every segment's start state, fp32 [V, K]
+  bool fits_in(const WorkspaceBuffers& cap) const {
+    return records <= cap.records && carry <= cap.carry && done <= cap.done && seg_maps <= cap.seg_maps &&
+           seg_states <= cap.seg_states;
+  }
+};
 
 /// What a plan is made from. device.num_sms is the count of the stream's context; options.num_sms,
 /// when set, replaces it (after validate_device_options).
@@ -53,9 +66,7 @@ struct Plan {
   int64_t seg_len = 0, max_segs = 1;
   int window_warps = 8;  // warps per block of the window pass (4 or 8)
 
-  // Buffer bytes this plan uses (each within workspace_layout's capacity).
-  size_t records_bytes = 0, carry_bytes = 0, done_bytes = 0;
-  size_t seg_maps_bytes = 0, seg_states_bytes = 0;
+  WorkspaceBuffers bytes;  // what this plan uses of the workspace (within its capacity)
 
   // Launches. prepare is window 0's (prepare_launch(w) gives every window's); window_pass is the
   // same for every window; the segment launches are set only when seg_len > 0.
@@ -82,8 +93,10 @@ void validate_options(const LaunchOptions& options);
 /// Error("launch_options.num_sms", ...).
 void validate_device_options(const LaunchOptions& options, const DeviceProps& device);
 
-/// The plan for a validated problem and validated options.
-Plan make_plan(const PlanInput& in);
+struct WorkspaceLayout;
+/// The plan for a validated problem and validated options, within the workspace `at`
+/// (workspace_layout(in.shape, in.options)).
+Plan make_plan(const PlanInput& in, const WorkspaceLayout& at);
 
 /// Shared-memory properties of every sm_90 part (228 KB per SM, 227 KB per block, 1 KB reserved
 /// per block) with `num_sms` SMs: the device the tests and the capacity plan for.
@@ -92,12 +105,9 @@ DeviceProps sm90_device(int num_sms);
 /// The workspace: byte offset and capacity of each buffer (256-byte aligned, records at 0), and
 /// the total, from the shape and the forced options alone (see the file comment).
 struct WorkspaceLayout {
-  size_t records_cap = 0, carry_cap = 0, seg_maps_cap = 0, seg_states_cap = 0, done_cap = 0;
+  WorkspaceBuffers cap;  // the 132-SM plan's buffers
   size_t carry = 0, seg_maps = 0, seg_states = 0, done = 0, total = 0;  // offsets; total bytes
 };
 WorkspaceLayout workspace_layout(const ProblemShape& shape, const LaunchOptions& options);
-
-/// Whether every buffer of `plan` fits its capacity in `layout`.
-bool plan_fits(const Plan& plan, const WorkspaceLayout& layout);
 
 }  // namespace flash_kda::sm90

@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
   if (!Pass::template locate<NW>(p, w)) return Pass::template signal_done<NW>(p, warp, lane);
   const int hv = blockIdx.y;
   constexpr int kColBlocks = recurrence_column_blocks(NW);
-  const bool use_u0 = pass_uses_v<Pass>(w);
+  const bool use_u0 = Pass::uses_v(w);
   const int v_block = (blockIdx.z % kColBlocks) * NW * 16, v0 = v_block + warp * 16;
   const int64_t first = w.first, seq_begin = w.seq_begin, seq_len = w.seq_len;
   const int64_t c_begin = w.c_begin, c_end = w.c_end;

@@ -12,6 +12,10 @@
 //                                          no out; end: P or Q into seg_maps
 //   SegmentFinishPass SegmentFinishParams  every segment; start: the scan's seg_states; writes
 //                                          out; end: the final state, last segment only
+//
+// The one run-time choice left is SegmentMapsPass's P or Q, by the block's grid z (one launch
+// makes both maps of every segment); the kernel then runs one of its two chunk loops (U0 = 0 or
+// U0 = Av v), each resolved at compile time.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +66,8 @@ __device__ __forceinline__ void store_state_pair(void* state, bool is_f32, int64
 struct WindowPass {
   using Params = WindowParams;
   static constexpr bool kWritesOut = true;
+  /// Whether this block loads v (U0 = Av v): every block but those of the P maps.
+  static __device__ __forceinline__ bool uses_v(const ChainWork&) { return true; }
 
   /// Pipelined windows: this warp's reads of the records and carry and its writes of out, carry
   /// and final state are done (WindowParams::done_out). Every exit of a consumer warp passes
@@ -159,6 +165,7 @@ struct WindowPass {
 /// (one window holds every slot, so the segment alone bounds the chunks; slot 0 is sequence
 /// 0's, hence no slot search).
 struct SegmentPassBase {
+  static __device__ __forceinline__ bool uses_v(const ChainWork&) { return true; }
   template <int NW>
   static __device__ __forceinline__ void signal_done(const SegmentParams&, int, int) {}
   static __device__ __forceinline__ bool late_start(const SegmentParams&, const ChainWork&) { return false; }
@@ -208,6 +215,8 @@ struct SegmentMapsPass : SegmentPassBase {
   template <int NW>
   static __device__ __forceinline__ void store_end(const Params& p, const ChainWork& w, const StateRegs& s, int v0,
                                                    int g, int t4, int, int) {
+    // Written out rather than through for_each_state_pair: that form (offset v * kHeadDim + k
+    // per pair) compiles to ~120 more instructions in this pass.
     float* dst = p.seg_maps + seg_map_offset(w.n, w.seg, blockIdx.y, w.part, p.max_segs, p.value_heads);
 #pragma unroll
     for (int nt = 0; nt < kHeadDim / 8; ++nt)
@@ -253,12 +262,5 @@ struct SegmentFinishPass : SegmentPassBase {
     });
   }
 };
-
-/// Whether a pass loads v (U0 = Av v): every pass but the P half of the segment maps.
-template <class Pass>
-__device__ __forceinline__ bool pass_uses_v(const ChainWork& w) {
-  if constexpr (std::is_same_v<Pass, SegmentMapsPass>) return SegmentMapsPass::uses_v(w);
-  else return true;
-}
 
 }  // namespace flash_kda::sm90
