@@ -2,7 +2,8 @@
 # The whole test suite in one command, from a fresh clone:
 #   scripts/test.sh
 # It first obtains what is missing, from the registries, without touching what is installed:
-#   - the flash_kda package: `pip install .` from this checkout when `import flash_kda` fails;
+#   - the flash_kda package: `pip install .` from this checkout unless the installed one was
+#     installed from this checkout after its sources last changed;
 #   - CMake >= 3.24: `pip install cmake` when the one on PATH is missing or older;
 #   - pytest and matplotlib (the benchmark chart's tests): `pip install` when they do not import;
 #   - CUTLASS headers for the kernel build: cmake/cutlass.cmake (pip download of the
@@ -45,8 +46,29 @@ pip_get() {
   fi
 }
 
-if ! imports flash_kda; then
-  echo "scripts/test.sh: flash_kda is not installed for $py; pip install $root (compiles the package)"
+# Why the installed flash_kda cannot be the one under test (empty when it can): not installed,
+# installed from elsewhere (pip's direct_url.json), or older than this checkout's sources.
+install_problem=$("$py" - "$root" <<'PY'
+import importlib.metadata as md, json, pathlib, sys
+root = pathlib.Path(sys.argv[1]).resolve()
+try:
+    dist = md.distribution("flash-kda")
+except md.PackageNotFoundError:
+    sys.exit(print("it is not installed"))
+url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+if url.rstrip("/") != root.as_uri():
+    sys.exit(print(f"the installed one comes from {url or 'a package index'}"))
+record = next((f for f in dist.files or [] if f.name == "RECORD"), None)
+installed = pathlib.Path(dist.locate_file(record)).stat().st_mtime if record else 0.0
+sources = [p for d in ("src", "include", "python", "cmake") for p in (root / d).rglob("*") if p.is_file()]
+sources += [root / "CMakeLists.txt", root / "pyproject.toml"]
+newest = max(p.stat().st_mtime for p in sources if p.exists())
+if newest > installed:
+    print("the installed one is older than this checkout's sources")
+PY
+)
+if [[ -n $install_problem ]]; then
+  echo "scripts/test.sh: pip install $root (compiles the package): $install_problem"
   if ! "$py" -m pip install --disable-pip-version-check "$root"; then
     echo "scripts/test.sh: 'pip install $root' failed; nothing can be tested without the package" >&2
     exit 1
