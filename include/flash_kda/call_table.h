@@ -9,7 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "flash_kda/forward.h"
 #include "flash_kda/tensor.h"
@@ -85,8 +87,13 @@ constexpr DTypeSet accepted_dtypes(const TensorSpec& spec, Target target) {
   return target == Target::Sm90 ? spec.sm90 : spec.reference;
 }
 
-/// The entry named `name`; throws std::out_of_range for a name not in the table.
-const TensorSpec& tensor_spec(const std::string& name);
+/// The entry named `name`; throws std::out_of_range for a name not in the table. constexpr, so
+/// that a lookup by a literal name costs nothing at run time.
+constexpr const TensorSpec& tensor_spec(std::string_view name) {
+  for (const TensorSpec& s : kForwardTensors)
+    if (name == s.name) return s;
+  throw std::out_of_range("flash_kda: a tensor name not in the call table");
+}
 
 /// "expected rank 4 [B, T, H, K]" or, for a tensor of several allowed ranks,
 /// "expected shape [HV, K] or [HV*K]": the start of every rank error, so that a rank the

@@ -18,12 +18,6 @@ std::string dtype_list(DTypeSet set) {
   return s;
 }
 
-const TensorSpec& tensor_spec(const std::string& name) {
-  for (const TensorSpec& s : kForwardTensors)
-    if (name == s.name) return s;
-  throw std::out_of_range("flash_kda: no tensor named '" + name + "' in the call table");
-}
-
 std::string expected_rank(const TensorSpec& spec) {
   if (spec.rank == 0) return std::string("expected shape ") + spec.shape;
   return "expected rank " + std::to_string(spec.rank) + " " + spec.shape;
