@@ -7,48 +7,50 @@
 #endif
 
 namespace flash_kda {
-#if !FLASH_KDA_WITH_CUDA
 namespace {
 
-[[noreturn]] void no_cuda() {
-  throw Error("device", "flash_kda was built without its CUDA kernels (FLASH_KDA_CUDA=OFF)");
-}
-
-}  // namespace
-#endif
-
-size_t forward_workspace_size(const ForwardArgs& args, const LaunchOptions& options) {
+// validate(args, Sm90) and the options that need no device; in a build without the kernels,
+// the Error saying so (after the arguments' own errors).
+ProblemShape validate_for_sm90(const ForwardArgs& args, const LaunchOptions& options) {
   const ProblemShape p = validate(args, Target::Sm90);
 #if FLASH_KDA_WITH_CUDA
   sm90::validate_options(options);
-  return sm90::workspace_bytes(p, options);
+  return p;
 #else
   (void)p; (void)options;
-  no_cuda();
+  throw Error("device", "flash_kda was built without its CUDA kernels (FLASH_KDA_CUDA=OFF)");
+#endif
+}
+
+}  // namespace
+
+size_t forward_workspace_size(const ForwardArgs& args, const LaunchOptions& options) {
+  const ProblemShape p = validate_for_sm90(args, options);
+#if FLASH_KDA_WITH_CUDA
+  return sm90::workspace_bytes(p, options);
+#else
+  (void)p;
+  return 0;
 #endif
 }
 
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, Stream stream,
              const LaunchOptions& options) {
-  const ProblemShape p = validate(args, Target::Sm90);
+  const ProblemShape p = validate_for_sm90(args, options);
 #if FLASH_KDA_WITH_CUDA
-  sm90::validate_options(options);
   sm90::launch_forward(args, p, options, workspace, workspace_bytes, nullptr, stream);  // checks the workspace first
 #else
-  (void)p; (void)workspace; (void)workspace_bytes; (void)stream; (void)options;
-  no_cuda();
+  (void)p; (void)workspace; (void)workspace_bytes; (void)stream;
 #endif
 }
 
 void forward(const ForwardArgs& args, const WorkspaceAllocator& allocate, Stream stream,
              const LaunchOptions& options) {
-  const ProblemShape p = validate(args, Target::Sm90);
+  const ProblemShape p = validate_for_sm90(args, options);
 #if FLASH_KDA_WITH_CUDA
-  sm90::validate_options(options);
   sm90::launch_forward(args, p, options, nullptr, 0, &allocate, stream);
 #else
-  (void)p; (void)allocate; (void)stream; (void)options;
-  no_cuda();
+  (void)p; (void)allocate; (void)stream;
 #endif
 }
 
