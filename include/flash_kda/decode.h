@@ -38,10 +38,12 @@ namespace flash_kda {
 /// - sequence n starts from pool[idx[n, num_accepted_tokens[n] - 1]] when num_accepted_tokens is
 ///   given, else from pool[idx[n, 0]] ([N] indices: pool[idx[n]]);
 /// - the state after token t is written to pool[idx[n, t]] ([N] indices: the state after the
-///   last token to pool[idx[n]]);
+///   last token to pool[idx[n]]); with [N, T] indices a negative idx[n, t] of a later token only
+///   drops that token's state (the sequence runs from its valid start slot);
 /// - a negative slot index skips sequence n: no slot is read or written for it and its rows
 ///   of out are written as zeros (serving stacks pad batches for CUDA graphs with -1).
-/// Without ssm_state_indices: initial_state[n] (zero when absent) and final_state[n].
+/// Without ssm_state_indices: initial_state[n] (zero when absent) and final_state[n] (may be
+/// initial_state itself); a varlen sequence of no tokens passes its state through.
 /// The math is fp32 whatever the pool dtype (each write rounds to the pool's dtype).
 struct DecodeArgs {
   TensorView q, k, v, g, beta;
@@ -81,6 +83,7 @@ void decode(const DecodeArgs& args, Stream stream);
 /// The exact CPU reference of decode(): fp64, host tensors, any K, V and T, every gate mode
 /// and flag, both layouts, the pool semantics above (indices and cu_seqlens values checked:
 /// Error on one out of range). Writes out and the states like decode().
+/// num_threads (>= 0) is accepted for symmetry with reference_forward; the work runs on one thread.
 void reference_decode(const DecodeArgs& args, int num_threads = 0);
 
 }  // namespace flash_kda
