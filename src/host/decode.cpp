@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "host/arg_checks.h"
 #include "host/checks.h"
 #if FLASH_KDA_WITH_CUDA
 #include "sm90/decode/launch.h"
@@ -110,30 +111,7 @@ void check_activation_strides(const TensorView& t, const char* name, Target targ
 }
 
 void check_activations(const DecodeArgs& a, Target target, ProblemShape& p) {
-  check_rank(a.q, "q", 4, "[B, T, H, K]");
-  p.batch = a.q.shape[0];
-  p.seqlen = a.q.shape[1];
-  p.heads = a.q.shape[2];
-  p.head_dim_k = a.q.shape[3];
-  if (p.batch <= 0) throw Error("q", "batch B = q.shape[0] must be > 0, got shape " + shape_str(a.q));
-  if (p.heads <= 0) throw Error("q", "heads H = q.shape[2] must be > 0, got shape " + shape_str(a.q));
-  if (p.head_dim_k <= 0) throw Error("q", "head dim K = q.shape[3] must be > 0, got shape " + shape_str(a.q));
-  check_shape(a.k, "k", {p.batch, p.seqlen, p.heads, p.head_dim_k}, "[B, T, H, K]", "like q");
-  check_rank(a.v, "v", 4, "[B, T, HV, V]");
-  if (a.v.shape[0] != p.batch || a.v.shape[1] != p.seqlen)
-    throw Error("v", "expected shape [" + std::to_string(p.batch) + ", " + std::to_string(p.seqlen) +
-                         ", HV, V] (B, T of q), got " + shape_str(a.v));
-  p.value_heads = a.v.shape[2];
-  p.head_dim_v = a.v.shape[3];
-  if (p.value_heads <= 0) throw Error("v", "value heads HV = v.shape[2] must be > 0, got shape " + shape_str(a.v));
-  if (p.head_dim_v <= 0) throw Error("v", "head dim V = v.shape[3] must be > 0, got shape " + shape_str(a.v));
-  if (p.value_heads % p.heads != 0)
-    throw Error("v", "value heads HV = " + std::to_string(p.value_heads) + " must be a multiple of q/k heads H = " +
-                         std::to_string(p.heads) + " (GVA: value head hv reads q/k head hv / (HV / H))");
-  const int64_t B = p.batch, T = p.seqlen, HV = p.value_heads;
-  check_shape(a.g, "g", {B, T, HV, p.head_dim_k}, "[B, T, HV, K]", "from q and v");
-  check_shape(a.beta, "beta", {B, T, HV}, "[B, T, HV]", "from q and v");
-  check_shape(a.out, "out", {B, T, HV, p.head_dim_v}, "[B, T, HV, V]", "like v");
+  detail::check_activation_shapes(a, p);
 
   const Named acts[] = {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.g, "g"}, {&a.beta, "beta"}, {&a.out, "out"}};
   for (const Named& n : acts) {
@@ -165,20 +143,7 @@ void check_sequences(const DecodeArgs& a, Target target, ProblemShape& p) {
     throw Error("cu_seqlens", "data pointer must be element aligned");
   p.num_seqs = cu.shape[0] - 1;
   if (target != Target::CpuReference) return;  // device values cannot be read without a sync
-  auto at = [&](int64_t i) {
-    return cu.dtype == DType::I32 ? int64_t(static_cast<const int32_t*>(cu.data)[i])
-                                  : static_cast<const int64_t*>(cu.data)[i];
-  };
-  if (at(0) != 0) throw Error("cu_seqlens", "cu_seqlens[0] must be 0, got " + std::to_string(at(0)));
-  for (int64_t i = 1; i <= p.num_seqs; ++i)
-    if (at(i) < at(i - 1))
-      throw Error("cu_seqlens", "must be non-decreasing, got cu_seqlens[" + std::to_string(i) + "] = " +
-                                    std::to_string(at(i)) + " < cu_seqlens[" + std::to_string(i - 1) + "] = " +
-                                    std::to_string(at(i - 1)));
-  if (at(p.num_seqs) != p.seqlen)
-    throw Error("cu_seqlens", "last entry cu_seqlens[N = " + std::to_string(p.num_seqs) +
-                                  "] must equal the total tokens T_total = q.shape[1] = " + std::to_string(p.seqlen) +
-                                  ", got " + std::to_string(at(p.num_seqs)));
+  detail::check_cu_seqlens_values(cu, p, "");
 }
 
 // A state tensor [slots, HV, V, K] / [slots, HV, K, V]: the per-slot part packed, slots at any
@@ -293,48 +258,26 @@ void check_pool(const DecodeArgs& a, Target target, const ProblemShape& p) {
 }
 
 void check_gate(const DecodeArgs& a, Target target, const ProblemShape& p) {
-  if (a.gate != GateMode::SafeSigmoid && a.gate != GateMode::Softplus && a.gate != GateMode::PreGated)
-    throw Error("gate", "expected SafeSigmoid, Softplus or PreGated, got value " + std::to_string(static_cast<int>(a.gate)));
-  if (a.gate == GateMode::PreGated) {
-    const char* why = "is unused when the gate is pre-computed (a = g); pass none";
-    if (a.A_log.defined()) throw Error("A_log", why);
-    if (a.dt_bias.defined()) throw Error("dt_bias", why);
-  }
+  detail::check_gate_mode(a);
   if (a.gate == GateMode::Softplus && !a.A_log.defined())
     throw Error("A_log", "is required by the softplus gate a = -exp(A_log) * softplus(g + dt_bias) (fp32 [HV])");
   if (a.A_log.defined()) {
     check_dtype(a.A_log, "A_log", {DType::F32});
-    check_shape(a.A_log, "A_log", {p.value_heads}, "[HV]", "from v");
+    detail::check_A_log_shape(a, p);
     detail::check_contiguous(a.A_log, "A_log");
     if (target == Target::Sm90 && reinterpret_cast<uintptr_t>(a.A_log.data) % 4 != 0)
       throw Error("A_log", "data pointer must be element aligned");
   }
   if (a.dt_bias.defined()) {
     check_dtype(a.dt_bias, "dt_bias", {DType::F32});
-    const int64_t HV = p.value_heads, K = p.head_dim_k;
-    const bool ok = (a.dt_bias.ndim == 2 && a.dt_bias.shape[0] == HV && a.dt_bias.shape[1] == K) ||
-                    (a.dt_bias.ndim == 1 && a.dt_bias.shape[0] == HV * K);
-    if (!ok)
-      throw Error("dt_bias", "expected shape " + dims_str({HV, K}) + " [HV, K] or " + dims_str({HV * K}) + " [HV*K], got " +
-                                 shape_str(a.dt_bias));
+    detail::check_dt_bias_shape(a, p);
     detail::check_contiguous(a.dt_bias, "dt_bias");
     if (target == Target::Sm90 && reinterpret_cast<uintptr_t>(a.dt_bias.data) % kSm90Alignment != 0)
       throw Error("dt_bias", "data pointer must be 16-byte aligned for the Sm90 decode kernel");
   }
-  if (a.gate == GateMode::SafeSigmoid && !(a.lower_bound >= -5.0 && a.lower_bound < 0.0))
-    throw Error("lower_bound", "must be in [-5, 0) for the safe gate, got " + std::to_string(a.lower_bound));
+  detail::check_lower_bound(a);
 }
 
-void check_flags(const DecodeArgs& a, Target target) {
-  if (a.allow_neg_eigval && !a.use_beta_sigmoid)
-    throw Error("allow_neg_eigval", "needs use_beta_sigmoid (b = 2 * sigmoid(beta)); got use_beta_sigmoid = false");
-  if (a.state_layout != StateLayout::VFirst && a.state_layout != StateLayout::KFirst)
-    throw Error("state_layout", "expected VFirst or KFirst, got value " + std::to_string(static_cast<int>(a.state_layout)));
-  if (a.scale && !(std::isfinite(*a.scale) && *a.scale > 0.0))
-    throw Error("scale", "must be finite and > 0 when given, got " + std::to_string(*a.scale));
-  if (target == Target::Sm90 && a.scale && *a.scale > double(std::numeric_limits<float>::max()))
-    throw Error("scale", "must fit fp32 (<= 3.4e38) for the Sm90 kernel, got " + std::to_string(*a.scale));
-}
 
 void check_sm90_subset(const ProblemShape& p) {
   if (p.head_dim_k != 128) throw Error("q", "head dim K = " + std::to_string(p.head_dim_k) + " unsupported: the Sm90 decode kernel supports K = V = 128");
@@ -387,7 +330,7 @@ ProblemShape validate_decode(const DecodeArgs& args, Target target) {
   ProblemShape p;
   check_activations(args, target, p);
   check_sequences(args, target, p);
-  check_flags(args, target);
+  detail::check_flags(args, target);
   check_pool(args, target, p);
   check_gate(args, target, p);
   if (target == Target::Sm90) check_sm90_subset(p);

@@ -46,13 +46,7 @@ void reference_decode(const DecodeArgs& args, int num_threads) {
   const bool pool = idx.defined();
   const bool per_token = pool && idx.ndim == 2;
 
-  reference_detail::StepFlags flags;
-  flags.gate = args.gate;
-  flags.lower_bound = args.lower_bound;
-  flags.use_qk_l2norm = args.use_qk_l2norm;
-  flags.use_beta_sigmoid = args.use_beta_sigmoid;
-  flags.allow_neg_eigval = args.allow_neg_eigval;
-  flags.scale = p.scale;
+  const reference_detail::StepFlags flags = reference_detail::step_flags(args, p.scale);
   std::vector<double> rate(size_t(HV), 1.0), bias(size_t(HV * K), 0.0);
   if (args.gate != GateMode::PreGated) {
     if (args.A_log.defined())

@@ -60,13 +60,7 @@ void run_head(const Plan& plan, int64_t n, int64_t hv) {
   }
 
   reference_detail::TokenInputs in(K, V);
-  reference_detail::StepFlags flags;
-  flags.gate = a.gate;
-  flags.lower_bound = a.lower_bound;
-  flags.use_qk_l2norm = a.use_qk_l2norm;
-  flags.use_beta_sigmoid = a.use_beta_sigmoid;
-  flags.allow_neg_eigval = a.allow_neg_eigval;
-  flags.scale = p.scale;
+  const reference_detail::StepFlags flags = reference_detail::step_flags(a, p.scale);
   const double rate = plan.decay_rate[size_t(hv)];
   const double* bias = &plan.dt_bias[size_t(hv * K)];
 

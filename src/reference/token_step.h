@@ -23,6 +23,19 @@ struct StepFlags {
   double scale = 1.0;
 };
 
+/// The step flags of a call (ForwardArgs or DecodeArgs) whose applied scale is `scale`.
+template <class Args>
+StepFlags step_flags(const Args& a, double scale) {
+  StepFlags f;
+  f.gate = a.gate;
+  f.lower_bound = a.lower_bound;
+  f.use_qk_l2norm = a.use_qk_l2norm;
+  f.use_beta_sigmoid = a.use_beta_sigmoid;
+  f.allow_neg_eigval = a.allow_neg_eigval;
+  f.scale = scale;
+  return f;
+}
+
 /// The raw inputs of one token of one value head, loaded by the caller (K entries for q, k
 /// and g; V for v), and scratch the step reuses. q and k are normalised in place.
 struct TokenInputs {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "decode_test_util.h"
+#include "gpu_test_util.h"
 
 #if FLASH_KDA_WITH_CUDA
 #include <cuda_runtime.h>
@@ -26,18 +27,7 @@ using flash_kda::testing::HostTensor;
 using flash_kda::testing::rel_frobenius;
 using flash_kda::testing::view_values;
 
-std::string decode_gpu_skip_reason() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    return "no CUDA device visible";
-  }
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) return "device 0 is not sm_90 (Hopper)";
-  return "";
-}
+using flash_kda::testing::gpu_skip_reason;
 
 // A device copy of a host tensor's whole buffer; on_device() re-points a view of it.
 class DeviceBuffer {
@@ -77,7 +67,7 @@ double bound_for(DType t) { return t == DType::BF16 ? 1e-2 : 1e-4; }
 class DecodeGpu : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(DecodeGpu, MatchesReference) {
-  const std::string why = decode_gpu_skip_reason();
+  const std::string why = gpu_skip_reason();
   if (!why.empty()) GTEST_SKIP() << why;
   const DecodeConfig& cfg = GetParam().config;
   const bool pool = cfg.pool_slots > 0;
@@ -238,7 +228,7 @@ INSTANTIATE_TEST_SUITE_P(Sm90, DecodeGpu, ::testing::ValuesIn(gpu_cases()),
                          [](const ::testing::TestParamInfo<GpuCase>& i) { return i.param.name; });
 
 TEST(DecodeGpuGraph, CapturesAndReplays) {
-  const std::string why = decode_gpu_skip_reason();
+  const std::string why = gpu_skip_reason();
   if (!why.empty()) GTEST_SKIP() << why;
   GpuCase c = make_case("graph", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32, DType::BF16, 4, 2, 4);
   auto prob = flash_kda::testing::make_decode_problem(c.config);

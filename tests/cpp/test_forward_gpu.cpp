@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "flash_kda/flash_kda.h"
+#include "gpu_test_util.h"
 #include "reference_test_util.h"
 
 #if FLASH_KDA_WITH_CUDA
@@ -27,19 +28,7 @@ using flash_kda::testing::rel_frobenius;
 
 constexpr double kBound = 1e-2;
 
-// Why the GPU tests cannot run here, or "" when they can.
-std::string gpu_skip_reason() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    return "no CUDA device visible";
-  }
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) return "device 0 is not sm_90 (Hopper)";
-  return "";
-}
+using flash_kda::testing::gpu_skip_reason;
 
 // A device copy of a host tensor that frees itself; view() describes it as a CUDA tensor.
 class DeviceTensor {

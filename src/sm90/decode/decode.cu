@@ -63,7 +63,8 @@ struct Frag {
   static constexpr int E = 16 / int(sizeof(PoolT));  // elements per 16-byte vector
   static constexpr int NC = 32 / E;                   // vectors per lane
   static constexpr int NJ = kVFirst ? 1 : E;          // value columns per lane
-  /// k-first: lanes sharing columns differ in the bits 16, 8, ... (4 bits for fp32, 5 for bf16).
+  /// Lane bits in which the lanes sharing a column differ: v-first 1 and 2; k-first 16, 8, ...
+  /// (4 bits for fp32, 5 for bf16).
   /// Blocks per SM the register budget must allow (launch bounds): 4 (16 warps, 64 KB of fp32
   /// state in flight per SM); v-first's 32 distinct keys per lane need more registers, 3.
   static constexpr int kMinBlocks = kVFirst ? 3 : 4;
@@ -374,6 +375,7 @@ __global__ void __launch_bounds__(128, Frag<L, PoolT>::kMinBlocks) decode_kernel
       asm volatile("" ::: "memory");
       float u[F::NJ];
       if constexpr (F::kVFirst) {
+        static_assert(F::kLaneBits == 2, "v-first: the 4 lanes of a column differ in lane bits 1 and 2");
         acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 1);
         acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 2);
       } else {
@@ -497,11 +499,8 @@ ActView act(const TensorView& t) {
 void launch_decode(const DecodeArgs& a, const ProblemShape& ps, Stream stream) {
   const int device = a.q.device_id;
   DeviceGuard guard(device);
-  const uint64_t ctx = stream_context_key(device, stream);
-  const DeviceProps props = stream_device_props(device, ctx, stream);
-  if (props.major != 9 || props.minor != 0)
-    throw Error("q", "tensors on an sm_90 (Hopper) GPU; device " + std::to_string(device) + " is sm_" +
-                         std::to_string(props.major) + std::to_string(props.minor));
+  uint64_t ctx = 0;
+  const DeviceProps props = sm90_stream_props(device, stream, &ctx);
   const DecodePlan plan = make_decode_plan(ps, props);
 
   DecodeParams p;
