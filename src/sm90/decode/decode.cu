@@ -352,7 +352,6 @@ __global__ void __launch_bounds__(128, Frag<L, PoolT>::kMinBlocks) decode_kernel
       for (int c = 0; c < F::NC; ++c) {
         const int i = F::key(c, lane);
         if constexpr (F::kVFirst) {
-          if (c % 2 == 0) asm volatile("" ::: "memory");  // at most 2 vectors' keys in flight (registers)
           float dv[F::E], kv[F::E];
           load_row<F::E>(dv, sd + i);
           load_row<F::E>(kv, sk + i);
@@ -392,7 +391,6 @@ __global__ void __launch_bounds__(128, Frag<L, PoolT>::kMinBlocks) decode_kernel
       for (int c = 0; c < F::NC; ++c) {
         const int i = F::key(c, lane);
         if constexpr (F::kVFirst) {
-          if (c % 2 == 0) asm volatile("" ::: "memory");
           float kv[F::E], qv[F::E];
           load_row<F::E>(kv, sk + i);
           load_row<F::E>(qv, sq + i);
