@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "flash_kda/call_table.h"
 #include "flash_kda/forward.h"
@@ -116,6 +117,37 @@ template <class Args>
 void check_lower_bound(const Args& a) {
   if (a.gate == GateMode::SafeSigmoid && !(a.lower_bound >= -5.0 && a.lower_bound < 0.0))
     throw Error("lower_bound", "must be in [-5, 0) for the safe gate, got " + std::to_string(a.lower_bound));
+}
+
+/// A tensor of a call with its argument name.
+struct NamedView {
+  const TensorView* t;
+  const char* name;
+};
+
+/// Outputs are written while inputs are still being read, so any overlap is a race; the one
+/// exception is an exact in-place state update (`in_place(final_state, initial_state)`, whose
+/// meaning `in_place_rule` states), which every target reads before it writes. `overlaps(a, b)`
+/// says whether two defined tensors share a byte.
+template <class Overlaps, class InPlace>
+void check_outputs_apart(const TensorView& out, const TensorView& final_state, const TensorView& initial_state,
+                         const std::vector<NamedView>& inputs, Overlaps overlaps, InPlace in_place,
+                         const char* in_place_rule) {
+  for (const NamedView& in : inputs)
+    if (in.t->defined() && overlaps(out, *in.t))
+      throw Error("out", std::string("overlaps input ") + in.name + "; out must be a separate buffer");
+  if (!final_state.defined()) return;
+  if (overlaps(out, final_state)) throw Error("out", "overlaps final_state; the two outputs must be separate buffers");
+  for (const NamedView& in : inputs) {
+    if (!in.t->defined() || !overlaps(final_state, *in.t)) continue;
+    if (in.t == &initial_state) {
+      if (in_place(final_state, initial_state)) continue;
+      throw Error("final_state", std::string("overlaps initial_state partially; an in-place state update needs "
+                                             "final_state to be exactly initial_state (") + in_place_rule + ")");
+    }
+    throw Error("final_state", std::string("overlaps input ") + in.name + "; final_state must be a separate buffer "
+                               "(or exactly initial_state, for an in-place update)");
+  }
 }
 
 }  // namespace flash_kda::detail

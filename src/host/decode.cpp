@@ -27,10 +27,7 @@ using detail::dims_str;
 using detail::shape_str;
 using detail::strides_str;
 
-struct Named {
-  const TensorView* t;
-  const char* name;
-};
+using Named = detail::NamedView;
 
 // Every tensor of the call, in the order errors are reported.
 std::vector<Named> all_tensors(const DecodeArgs& a) {
@@ -296,26 +293,13 @@ void check_sm90_subset(const ProblemShape& p) {
 // Outputs are written while inputs are still read: any overlap is a race, except the pool's
 // exact in-place update (every block reads its part of a slot before it writes).
 void check_aliasing(const DecodeArgs& a) {
-  const Named inputs[] = {{&a.q, "q"},         {&a.k, "k"},
-                          {&a.v, "v"},         {&a.g, "g"},
-                          {&a.beta, "beta"},   {&a.A_log, "A_log"},
-                          {&a.dt_bias, "dt_bias"}, {&a.cu_seqlens, "cu_seqlens"},
-                          {&a.initial_state, "initial_state"}, {&a.ssm_state_indices, "ssm_state_indices"},
-                          {&a.num_accepted_tokens, "num_accepted_tokens"}};
-  for (const Named& in : inputs)
-    if (spans_overlap(a.out, *in.t)) throw Error("out", std::string("overlaps input ") + in.name + "; out must be a separate buffer");
-  if (!a.final_state.defined()) return;
-  if (spans_overlap(a.out, a.final_state)) throw Error("out", "overlaps final_state; the two outputs must be separate buffers");
-  for (const Named& in : inputs) {
-    if (!spans_overlap(a.final_state, *in.t)) continue;
-    if (in.t == &a.initial_state) {
-      if (same_view(a.final_state, a.initial_state)) continue;
-      throw Error("final_state", "overlaps initial_state partially; an in-place update needs final_state to be exactly "
-                                 "initial_state (same pointer, shape, strides and dtype)");
-    }
-    throw Error("final_state", std::string("overlaps input ") + in.name + "; final_state must be a separate buffer "
-                               "(or exactly initial_state, for an in-place update)");
-  }
+  const std::vector<Named> inputs = {
+      {&a.q, "q"},           {&a.k, "k"},         {&a.v, "v"},
+      {&a.g, "g"},           {&a.beta, "beta"},   {&a.A_log, "A_log"},
+      {&a.dt_bias, "dt_bias"}, {&a.cu_seqlens, "cu_seqlens"}, {&a.initial_state, "initial_state"},
+      {&a.ssm_state_indices, "ssm_state_indices"}, {&a.num_accepted_tokens, "num_accepted_tokens"}};
+  detail::check_outputs_apart(a.out, a.final_state, a.initial_state, inputs, spans_overlap, same_view,
+                              "same pointer, shape, strides and dtype");
 }
 
 }  // namespace

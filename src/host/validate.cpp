@@ -27,10 +27,7 @@ using detail::device_str;
 using detail::dims_str;
 using detail::shape_str;
 
-struct Named {
-  const TensorView* t;
-  const char* name;
-};
+using Named = detail::NamedView;
 
 const TensorView& field(const ForwardArgs& a, const TensorSpec& spec) { return a.*(spec.member); }
 
@@ -177,23 +174,10 @@ void check_aliasing(const ForwardArgs& a) {
   std::vector<Named> inputs;
   for (const TensorSpec& spec : kForwardTensors)
     if (spec.role == TensorRole::Input) inputs.push_back({&field(a, spec), spec.name});
-  for (const Named& in : inputs)
-    if (in.t->defined() && detail::overlaps(a.out, *in.t))
-      throw Error("out", std::string("overlaps input ") + in.name + "; out must be a separate buffer");
-  if (!a.final_state.defined()) return;
-  if (detail::overlaps(a.out, a.final_state))
-    throw Error("out", "overlaps final_state; the two outputs must be separate buffers");
-  for (const Named& in : inputs) {
-    if (!in.t->defined() || !detail::overlaps(a.final_state, *in.t)) continue;
-    if (in.t == &a.initial_state) {
-      // Shapes and dtypes already agree (check_states), so the same pointer means the same tensor.
-      if (a.final_state.data == a.initial_state.data) continue;
-      throw Error("final_state", "overlaps initial_state partially; an in-place state update needs final_state to be "
-                                 "exactly initial_state (same pointer, shape and dtype)");
-    }
-    throw Error("final_state", std::string("overlaps input ") + in.name + "; final_state must be a separate buffer "
-                               "(or exactly initial_state, for an in-place update)");
-  }
+  // Shapes and dtypes already agree (check_states), so the same pointer means the same tensor.
+  detail::check_outputs_apart(
+      a.out, a.final_state, a.initial_state, inputs, detail::overlaps,
+      [](const TensorView& f, const TensorView& i) { return f.data == i.data; }, "same pointer, shape and dtype");
 }
 
 }  // namespace

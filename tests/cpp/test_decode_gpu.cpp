@@ -29,32 +29,7 @@ using flash_kda::testing::view_values;
 
 using flash_kda::testing::gpu_skip_reason;
 
-// A device copy of a host tensor's whole buffer; on_device() re-points a view of it.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(HostTensor& h) : host_(&h) {
-    if (!h.defined()) return;
-    bytes_ = h.bytes().size();
-    EXPECT_EQ(cudaMalloc(&ptr_, bytes_ ? bytes_ : 1), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr_, h.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  TensorView on_device(TensorView t) const {
-    if (!t.defined()) return t;
-    t.data = static_cast<char*>(ptr_) + (static_cast<char*>(t.data) - static_cast<char*>(host_->data()));
-    t.device = DeviceType::CUDA;
-    t.device_id = 0;
-    return t;
-  }
-  void download() { EXPECT_EQ(cudaMemcpy(host_->data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess); }
-
- private:
-  HostTensor* host_;
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using flash_kda::testing::DeviceTensor;
 
 struct GpuCase {
   std::string name;
@@ -84,7 +59,7 @@ TEST_P(DecodeGpu, MatchesReference) {
   const std::vector<double> pool_before = pool ? prob.pool.wide.values() : std::vector<double>{};
   prob.out.wide.fill(std::nan(""));  // an unwritten element cannot pass
   if (prob.final_state.defined()) prob.final_state.fill(std::nan(""));
-  DeviceBuffer q(prob.q.wide), k(prob.k.wide), v(prob.v.wide), g(prob.g.wide), out(prob.out.wide), beta(prob.act.beta),
+  DeviceTensor q(prob.q.wide), k(prob.k.wide), v(prob.v.wide), g(prob.g.wide), out(prob.out.wide), beta(prob.act.beta),
       A_log(prob.act.A_log), dt_bias(prob.act.dt_bias), cu(prob.act.cu_seqlens), pl(prob.pool.wide),
       h0(prob.initial_state), ht(prob.final_state), idx(prob.indices), acc(prob.accepted);
   flash_kda::DecodeArgs a = prob.args();
@@ -232,7 +207,7 @@ TEST(DecodeGpuGraph, CapturesAndReplays) {
   if (!why.empty()) GTEST_SKIP() << why;
   GpuCase c = make_case("graph", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32, DType::BF16, 4, 2, 4);
   auto prob = flash_kda::testing::make_decode_problem(c.config);
-  DeviceBuffer q(prob.q.wide), k(prob.k.wide), v(prob.v.wide), g(prob.g.wide), out(prob.out.wide), beta(prob.act.beta),
+  DeviceTensor q(prob.q.wide), k(prob.k.wide), v(prob.v.wide), g(prob.g.wide), out(prob.out.wide), beta(prob.act.beta),
       A_log(prob.act.A_log), dt_bias(prob.act.dt_bias), pl(prob.pool.wide), idx(prob.indices);
   flash_kda::DecodeArgs a = prob.args();
   a.q = q.on_device(a.q), a.k = k.on_device(a.k), a.v = v.on_device(a.v), a.g = g.on_device(a.g);

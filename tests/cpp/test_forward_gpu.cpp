@@ -30,38 +30,7 @@ constexpr double kBound = 1e-2;
 
 using flash_kda::testing::gpu_skip_reason;
 
-// A device copy of a host tensor that frees itself; view() describes it as a CUDA tensor.
-class DeviceTensor {
- public:
-  explicit DeviceTensor(HostTensor& h) : host_(&h) {
-    if (!h.defined()) return;
-    bytes_ = h.bytes().size();
-    EXPECT_EQ(cudaMalloc(&ptr_, bytes_ ? bytes_ : 1), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr_, h.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceTensor() { cudaFree(ptr_); }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-
-  TensorView view() {
-    TensorView t = host_->view();
-    if (!t.defined()) return t;
-    t.data = ptr_;
-    t.device = DeviceType::CUDA;
-    t.device_id = 0;
-    return t;
-  }
-  // Device contents copied into the host tensor, returned widened to fp64.
-  std::vector<double> download() {
-    EXPECT_EQ(cudaMemcpy(host_->data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
-    return host_->values();
-  }
-
- private:
-  HostTensor* host_;
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using flash_kda::testing::DeviceTensor;
 
 struct Case {
   std::string name;
