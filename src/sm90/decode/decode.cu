@@ -449,19 +449,19 @@ __global__ void __launch_bounds__(128, Frag<L, PoolT>::kMinBlocks) decode_kernel
   __syncthreads();
   // The state loads have landed by now (or soon): widen them to fp32.
 #pragma unroll
-    for (int c = 0; c < F::NC; ++c) {
-      if constexpr (sizeof(PoolT) == 4) {
-        f[c][0] = __uint_as_float(raw[c].x), f[c][1] = __uint_as_float(raw[c].y);
-        f[c][2] = __uint_as_float(raw[c].z), f[c][3] = __uint_as_float(raw[c].w);
-      } else {
-        const uint32_t w[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
+  for (int c = 0; c < F::NC; ++c) {
+    if constexpr (sizeof(PoolT) == 4) {
+      f[c][0] = __uint_as_float(raw[c].x), f[c][1] = __uint_as_float(raw[c].y);
+      f[c][2] = __uint_as_float(raw[c].z), f[c][3] = __uint_as_float(raw[c].w);
+    } else {
+      const uint32_t w[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const float2 t = unpack_bf16(w[x]);
-          f[c][2 * x] = t.x, f[c][2 * x + 1] = t.y;
-        }
+      for (int x = 0; x < 4; ++x) {
+        const float2 t = unpack_bf16(w[x]);
+        f[c][2 * x] = t.x, f[c][2 * x + 1] = t.y;
       }
     }
+  }
   run(0, cnt);
 #pragma unroll 1
   for (int64_t g0 = tg; g0 < len; g0 += tg) {
