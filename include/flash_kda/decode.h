@@ -21,11 +21,11 @@ namespace flash_kda {
 /// | v                   | bf16 or fp32  | [B, T, HV, V]  | [1, T_total, HV, V]  |
 /// | g                   | bf16 or fp32  | [B, T, HV, K]  | [1, T_total, HV, K]  |
 /// | beta                | bf16 or fp32  | [B, T, HV]     | [1, T_total, HV]     |
-/// | out                 | bf16 or fp32  | like v         | like v               |
+/// | out                 | bf16 or fp32 (reference: also fp64) | like v | like v    |
 /// | A_log               | fp32          | [HV]           |                      |
 /// | dt_bias             | fp32          | [HV, K] or [HV*K] |                   |
 /// | cu_seqlens          | int32 / int64 | absent         | [N+1]                |
-/// | initial_state       | bf16 or fp32  | with ssm_state_indices: the pool [P, HV, V, K] (VFirst) or [P, HV, K, V]; else [N, HV, ...] |
+/// | initial_state       | bf16 or fp32 (reference: also fp64) | with ssm_state_indices: the pool [P, HV, V, K] (VFirst) or [P, HV, K, V]; else [N, HV, ...] |
 /// | final_state         | like initial_state | with ssm_state_indices: must be initial_state itself (in place); else [N, HV, ...] or absent |
 /// | ssm_state_indices   | int32 / int64 | [N] or [N, T] (fixed length only for [N, T]) |   |
 /// | num_accepted_tokens | int32 / int64 | [N], needs ssm_state_indices of shape [N, T] |   |
@@ -38,10 +38,12 @@ namespace flash_kda {
 /// - sequence n starts from pool[idx[n, num_accepted_tokens[n] - 1]] when num_accepted_tokens is
 ///   given, else from pool[idx[n, 0]] ([N] indices: pool[idx[n]]);
 /// - the state after token t is written to pool[idx[n, t]] ([N] indices: the state after the
-///   last token to pool[idx[n]]);
+///   last token to pool[idx[n]]); with [N, T] indices a negative idx[n, t] of a later token only
+///   drops that token's state (the sequence runs from its valid start slot);
 /// - a negative slot index skips sequence n: no slot is read or written for it and its rows
 ///   of out are written as zeros (serving stacks pad batches for CUDA graphs with -1).
-/// Without ssm_state_indices: initial_state[n] (zero when absent) and final_state[n].
+/// Without ssm_state_indices: initial_state[n] (zero when absent) and final_state[n] (may be
+/// initial_state itself); a varlen sequence of no tokens passes its state through.
 /// The math is fp32 whatever the pool dtype (each write rounds to the pool's dtype).
 struct DecodeArgs {
   TensorView q, k, v, g, beta;
@@ -72,8 +74,9 @@ ProblemShape validate_decode(const DecodeArgs& args, Target target);
 /// The decode step on an sm_90 GPU, asynchronously on `stream`: validates first (nothing is
 /// written on error), then one kernel launch; no host synchronisation, no allocation, no
 /// workspace, so the call can be captured in a CUDA graph. Supported subset: K = V = 128,
-/// T <= 16 tokens per sequence (varlen: every sequence; lengths above 16 give unspecified
-/// results for that sequence but no access outside the tensors). Slot indices >= P are treated
+/// T <= 16 tokens per sequence for a fixed-length batch (varlen sequences may be of any length:
+/// they run in rounds of 4 tokens; cu_seqlens values on the GPU are not checked, bad ones are
+/// clamped to [0, T_total] so that nothing outside the tensors is accessed). Slot indices >= P are treated
 /// like negative ones (skipped) so that no access leaves the pool. Throws flash_kda::CudaError
 /// if the launch fails.
 void decode(const DecodeArgs& args, Stream stream);
@@ -81,6 +84,7 @@ void decode(const DecodeArgs& args, Stream stream);
 /// The exact CPU reference of decode(): fp64, host tensors, any K, V and T, every gate mode
 /// and flag, both layouts, the pool semantics above (indices and cu_seqlens values checked:
 /// Error on one out of range). Writes out and the states like decode().
+/// num_threads (>= 0) is accepted for symmetry with reference_forward; the work runs on one thread.
 void reference_decode(const DecodeArgs& args, int num_threads = 0);
 
 }  // namespace flash_kda

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "flash_kda/call_table.h"
+#include "flash_kda/decode.h"
 #include "flash_kda/error.h"
 #include "flash_kda/forward.h"
 #include "flash_kda/tensor.h"

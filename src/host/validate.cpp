@@ -9,13 +9,17 @@
 
 #include "flash_kda/call_table.h"
 #include "flash_kda/forward.h"
+#include "host/arg_checks.h"
 #include "host/checks.h"
 #include "host/problem.h"
 
 namespace flash_kda {
 namespace {
 
+using detail::check_activation_shapes;
 using detail::check_contiguous;
+using detail::check_cu_seqlens_values;
+using detail::check_flags;
 using detail::check_rank;
 using detail::check_sane;
 using detail::check_shape;
@@ -23,10 +27,7 @@ using detail::device_str;
 using detail::dims_str;
 using detail::shape_str;
 
-struct Named {
-  const TensorView* t;
-  const char* name;
-};
+using Named = detail::NamedView;
 
 const TensorView& field(const ForwardArgs& a, const TensorSpec& spec) { return a.*(spec.member); }
 
@@ -72,59 +73,11 @@ void check_placement(const ForwardArgs& a, Target target) {
   }
 }
 
-// Sizes from q and v; the rest of the activations must agree with them.
-void check_activation_shapes(const ForwardArgs& a, ProblemShape& p) {
-  check_rank(a.q, "q", 4, tensor_spec("q").shape);
-  p.batch = a.q.shape[0];
-  p.seqlen = a.q.shape[1];
-  p.heads = a.q.shape[2];
-  p.head_dim_k = a.q.shape[3];
-  if (p.batch <= 0) throw Error("q", "batch B = q.shape[0] must be > 0, got shape " + shape_str(a.q));
-  if (p.heads <= 0) throw Error("q", "heads H = q.shape[2] must be > 0, got shape " + shape_str(a.q));
-  if (p.head_dim_k <= 0) throw Error("q", "head dim K = q.shape[3] must be > 0, got shape " + shape_str(a.q));
-  check_shape(a.k, "k", {p.batch, p.seqlen, p.heads, p.head_dim_k}, tensor_spec("k").shape, "like q");
-
-  check_rank(a.v, "v", 4, tensor_spec("v").shape);
-  if (a.v.shape[0] != p.batch || a.v.shape[1] != p.seqlen)
-    throw Error("v", "expected shape [" + std::to_string(p.batch) + ", " + std::to_string(p.seqlen) +
-                         ", HV, V] (B, T of q), got " + shape_str(a.v));
-  p.value_heads = a.v.shape[2];
-  p.head_dim_v = a.v.shape[3];
-  if (p.value_heads <= 0) throw Error("v", "value heads HV = v.shape[2] must be > 0, got shape " + shape_str(a.v));
-  if (p.head_dim_v <= 0) throw Error("v", "head dim V = v.shape[3] must be > 0, got shape " + shape_str(a.v));
-  if (p.value_heads % p.heads != 0)
-    throw Error("v", "value heads HV = " + std::to_string(p.value_heads) + " must be a multiple of q/k heads H = " +
-                         std::to_string(p.heads) + " (GVA: value head hv reads q/k head hv / (HV / H))");
-
-  const int64_t B = p.batch, T = p.seqlen, HV = p.value_heads;
-  check_shape(a.g, "g", {B, T, HV, p.head_dim_k}, tensor_spec("g").shape, "from q and v");
-  check_shape(a.beta, "beta", {B, T, HV}, tensor_spec("beta").shape, "from q and v");
-  check_shape(a.out, "out", {B, T, HV, p.head_dim_v}, tensor_spec("out").shape, "like v");
-}
 
 void check_activation_dtypes(const ForwardArgs& a, Target target) {
   for (const char* name : {"q", "k", "v", "out", "g", "beta"}) check_table_dtype(a, name, target);
 }
 
-// The rules on cu_seqlens's values: cu[0] == 0, non-decreasing, cu[N] == T_total. `cu` is a
-// host tensor whose dtype and length were checked; `where` is appended to each message.
-void check_cu_seqlens_values(const TensorView& cu, const ProblemShape& p, const std::string& where) {
-  const int64_t first = detail::host_cu_seqlens(cu, 0);
-  if (first != 0) throw Error("cu_seqlens", "cu_seqlens[0] must be 0, got " + std::to_string(first) + where);
-  int64_t prev = first;
-  for (int64_t i = 1; i <= p.num_seqs; ++i) {
-    const int64_t cur = detail::host_cu_seqlens(cu, i);
-    if (cur < prev)
-      throw Error("cu_seqlens", "must be non-decreasing, got cu_seqlens[" + std::to_string(i) + "] = " +
-                                    std::to_string(cur) + " < cu_seqlens[" + std::to_string(i - 1) +
-                                    "] = " + std::to_string(prev) + where);
-    prev = cur;
-  }
-  if (prev != p.seqlen)
-    throw Error("cu_seqlens", "last entry cu_seqlens[N = " + std::to_string(p.num_seqs) +
-                                  "] must equal the total tokens T_total = q.shape[1] = " +
-                                  std::to_string(p.seqlen) + ", got " + std::to_string(prev) + where);
-}
 
 // Fills num_seqs; reads cu_seqlens values where they are on the host (the reference) and those
 // of the host copy cu_seqlens_cpu when one is given (any target).
@@ -171,46 +124,22 @@ void check_states(const ForwardArgs& a, Target target, const ProblemShape& p) {
 }
 
 void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
-  if (a.gate != GateMode::SafeSigmoid && a.gate != GateMode::Softplus && a.gate != GateMode::PreGated)
-    throw Error("gate", "expected SafeSigmoid, Softplus or PreGated, got value " + std::to_string(static_cast<int>(a.gate)));
-  if (a.gate == GateMode::PreGated) {
-    // Silently ignoring them would hide a caller who believes the gate is being applied.
-    const char* why = "is unused when the gate is pre-computed (a = g); pass none";
-    if (a.A_log.defined()) throw Error("A_log", why);
-    if (a.dt_bias.defined()) throw Error("dt_bias", why);
-  }
+  detail::check_gate_mode(a);
   if (target == Target::Sm90 && a.gate == GateMode::SafeSigmoid) {
     if (!a.A_log.defined()) throw Error("A_log", "is required by the Sm90 safe gate (fp32 [HV]), got an absent tensor");
     if (!a.dt_bias.defined()) throw Error("dt_bias", "is required by the Sm90 safe gate (fp32 [HV, K]), got an absent tensor");
   }
   if (a.A_log.defined()) {
     check_table_dtype(a, "A_log", target);
-    check_shape(a.A_log, "A_log", {p.value_heads}, tensor_spec("A_log").shape, "from v");
+    detail::check_A_log_shape(a, p);
   }
   if (a.dt_bias.defined()) {
     check_table_dtype(a, "dt_bias", target);
-    const int64_t HV = p.value_heads, K = p.head_dim_k;
-    const bool ok = (a.dt_bias.ndim == 2 && a.dt_bias.shape[0] == HV && a.dt_bias.shape[1] == K) ||
-                    (a.dt_bias.ndim == 1 && a.dt_bias.shape[0] == HV * K);
-    if (!ok)
-      throw Error("dt_bias", "expected shape " + dims_str({HV, K}) + " [HV, K] or " + dims_str({HV * K}) +
-                                 " [HV*K], got " + shape_str(a.dt_bias));
+    detail::check_dt_bias_shape(a, p);
   }
-  if (a.gate == GateMode::SafeSigmoid && !(a.lower_bound >= -5.0 && a.lower_bound < 0.0))
-    throw Error("lower_bound", "must be in [-5, 0) for the safe gate, got " + std::to_string(a.lower_bound));
+  detail::check_lower_bound(a);
 }
 
-void check_flags(const ForwardArgs& a, Target target) {
-  if (a.allow_neg_eigval && !a.use_beta_sigmoid)
-    throw Error("allow_neg_eigval", "needs use_beta_sigmoid (b = 2 * sigmoid(beta)); got use_beta_sigmoid = false");
-  if (a.state_layout != StateLayout::VFirst && a.state_layout != StateLayout::KFirst)
-    throw Error("state_layout", "expected VFirst or KFirst, got value " + std::to_string(static_cast<int>(a.state_layout)));
-  if (a.scale && !(std::isfinite(*a.scale) && *a.scale > 0.0))
-    throw Error("scale", "must be finite and > 0 when given, got " + std::to_string(*a.scale));
-  // The kernels apply scale in fp32: a larger value would turn finite outputs into inf.
-  if (target == Target::Sm90 && a.scale && *a.scale > double(std::numeric_limits<float>::max()))
-    throw Error("scale", "must fit fp32 (<= 3.4e38) for the Sm90 kernels, got " + std::to_string(*a.scale));
-}
 
 // What the sm_90a kernels implement; everything else runs on the reference only.
 void check_sm90_subset(const ForwardArgs& a, const ProblemShape& p) {
@@ -245,23 +174,10 @@ void check_aliasing(const ForwardArgs& a) {
   std::vector<Named> inputs;
   for (const TensorSpec& spec : kForwardTensors)
     if (spec.role == TensorRole::Input) inputs.push_back({&field(a, spec), spec.name});
-  for (const Named& in : inputs)
-    if (in.t->defined() && detail::overlaps(a.out, *in.t))
-      throw Error("out", std::string("overlaps input ") + in.name + "; out must be a separate buffer");
-  if (!a.final_state.defined()) return;
-  if (detail::overlaps(a.out, a.final_state))
-    throw Error("out", "overlaps final_state; the two outputs must be separate buffers");
-  for (const Named& in : inputs) {
-    if (!in.t->defined() || !detail::overlaps(a.final_state, *in.t)) continue;
-    if (in.t == &a.initial_state) {
-      // Shapes and dtypes already agree (check_states), so the same pointer means the same tensor.
-      if (a.final_state.data == a.initial_state.data) continue;
-      throw Error("final_state", "overlaps initial_state partially; an in-place state update needs final_state to be "
-                                 "exactly initial_state (same pointer, shape and dtype)");
-    }
-    throw Error("final_state", std::string("overlaps input ") + in.name + "; final_state must be a separate buffer "
-                               "(or exactly initial_state, for an in-place update)");
-  }
+  // Shapes and dtypes already agree (check_states), so the same pointer means the same tensor.
+  detail::check_outputs_apart(
+      a.out, a.final_state, a.initial_state, inputs, detail::overlaps,
+      [](const TensorView& f, const TensorView& i) { return f.data == i.data; }, "same pointer, shape and dtype");
 }
 
 }  // namespace

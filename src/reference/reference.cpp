@@ -14,6 +14,7 @@
 #include "flash_kda/forward.h"
 #include "host/problem.h"
 #include "reference/element_io.h"
+#include "reference/token_step.h"
 
 namespace flash_kda {
 namespace {
@@ -58,9 +59,9 @@ void run_head(const Plan& plan, int64_t n, int64_t hv) {
       }
   }
 
-  const size_t Ks = static_cast<size_t>(K), Vs = static_cast<size_t>(V);
-  std::vector<double> q(Ks), k(Ks), decay(Ks), v(Vs), u(Vs), w(Vs), o(Vs);
-  const double* rate = &plan.decay_rate[size_t(hv)];
+  reference_detail::TokenInputs in(K, V);
+  const reference_detail::StepFlags flags = reference_detail::step_flags(a, p.scale);
+  const double rate = plan.decay_rate[size_t(hv)];
   const double* bias = &plan.dt_bias[size_t(hv * K)];
 
   for (int64_t tok = plan.seq_start[size_t(n)]; tok < plan.seq_start[size_t(n + 1)]; ++tok) {
@@ -68,58 +69,13 @@ void run_head(const Plan& plan, int64_t n, int64_t hv) {
     const int64_t g_base = (tok * HV + hv) * K;
     const int64_t v_base = (tok * HV + hv) * V;
     for (int64_t i = 0; i < K; ++i) {
-      q[size_t(i)] = load_element(a.q, qk_base + i);
-      k[size_t(i)] = load_element(a.k, qk_base + i);
+      in.q[size_t(i)] = load_element(a.q, qk_base + i);
+      in.k[size_t(i)] = load_element(a.k, qk_base + i);
+      in.g[size_t(i)] = load_element(a.g, g_base + i);
     }
-    if (a.use_qk_l2norm) {
-      double qq = 0.0, kk = 0.0;
-      for (int64_t i = 0; i < K; ++i) {
-        qq += q[size_t(i)] * q[size_t(i)];
-        kk += k[size_t(i)] * k[size_t(i)];
-      }
-      const double q_inv = 1.0 / std::sqrt(qq + math::kL2NormEps);
-      const double k_inv = 1.0 / std::sqrt(kk + math::kL2NormEps);
-      for (int64_t i = 0; i < K; ++i) {
-        q[size_t(i)] *= q_inv;
-        k[size_t(i)] *= k_inv;
-      }
-    }
-    for (int64_t i = 0; i < K; ++i) {
-      const double g = load_element(a.g, g_base + i);
-      double log_decay = g;
-      if (a.gate == GateMode::SafeSigmoid)
-        log_decay = math::safe_gate<double>(g + bias[i], *rate, a.lower_bound);
-      else if (a.gate == GateMode::Softplus)
-        log_decay = math::softplus_gate<double>(g + bias[i], *rate);
-      decay[size_t(i)] = std::exp(log_decay);
-    }
-    const double beta_in = load_element(a.beta, tok * HV + hv);
-    const double b = a.use_beta_sigmoid ? math::beta_sigmoid<double>(beta_in, a.allow_neg_eigval) : beta_in;
-    for (int64_t j = 0; j < V; ++j) v[size_t(j)] = load_element(a.v, v_base + j);
-
-    // S <- diag(exp(a_t)) S, and u = S^T k_t with the decayed S.
-    std::fill(u.begin(), u.end(), 0.0);
-    for (int64_t i = 0; i < K; ++i) {
-      double* row = &S[size_t(i * V)];
-      const double d = decay[size_t(i)], ki = k[size_t(i)];
-      for (int64_t j = 0; j < V; ++j) {
-        row[j] *= d;
-        u[size_t(j)] += row[j] * ki;
-      }
-    }
-    // S <- S + b k_t (v_t - u)^T, and o_t = S^T q_t with the updated S.
-    for (int64_t j = 0; j < V; ++j) w[size_t(j)] = b * (v[size_t(j)] - u[size_t(j)]);
-    std::fill(o.begin(), o.end(), 0.0);
-    for (int64_t i = 0; i < K; ++i) {
-      double* row = &S[size_t(i * V)];
-      const double ki = k[size_t(i)], qi = q[size_t(i)];
-      for (int64_t j = 0; j < V; ++j) {
-        row[j] += ki * w[size_t(j)];
-        o[size_t(j)] += row[j] * qi;
-      }
-    }
-    double* out_row = &(*plan.out)[size_t(v_base)];
-    for (int64_t j = 0; j < V; ++j) out_row[j] = p.scale * o[size_t(j)];
+    in.beta = load_element(a.beta, tok * HV + hv);
+    for (int64_t j = 0; j < V; ++j) in.v[size_t(j)] = load_element(a.v, v_base + j);
+    reference_detail::token_step(S, in, flags, rate, bias, &(*plan.out)[size_t(v_base)]);
   }
 
   if (plan.final_state)

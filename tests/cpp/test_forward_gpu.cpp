@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "flash_kda/flash_kda.h"
+#include "gpu_test_util.h"
 #include "reference_test_util.h"
 
 #if FLASH_KDA_WITH_CUDA
@@ -27,52 +28,9 @@ using flash_kda::testing::rel_frobenius;
 
 constexpr double kBound = 1e-2;
 
-// Why the GPU tests cannot run here, or "" when they can.
-std::string gpu_skip_reason() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    return "no CUDA device visible";
-  }
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) return "device 0 is not sm_90 (Hopper)";
-  return "";
-}
+using flash_kda::testing::gpu_skip_reason;
 
-// A device copy of a host tensor that frees itself; view() describes it as a CUDA tensor.
-class DeviceTensor {
- public:
-  explicit DeviceTensor(HostTensor& h) : host_(&h) {
-    if (!h.defined()) return;
-    bytes_ = h.bytes().size();
-    EXPECT_EQ(cudaMalloc(&ptr_, bytes_ ? bytes_ : 1), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr_, h.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceTensor() { cudaFree(ptr_); }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-
-  TensorView view() {
-    TensorView t = host_->view();
-    if (!t.defined()) return t;
-    t.data = ptr_;
-    t.device = DeviceType::CUDA;
-    t.device_id = 0;
-    return t;
-  }
-  // Device contents copied into the host tensor, returned widened to fp64.
-  std::vector<double> download() {
-    EXPECT_EQ(cudaMemcpy(host_->data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
-    return host_->values();
-  }
-
- private:
-  HostTensor* host_;
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using flash_kda::testing::DeviceTensor;
 
 struct Case {
   std::string name;

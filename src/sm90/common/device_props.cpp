@@ -9,6 +9,7 @@
 #include <string>
 
 #include "flash_kda/error.h"
+#include "sm90/common/cuda_check.h"
 
 namespace flash_kda::sm90 {
 namespace {
@@ -90,10 +91,6 @@ DeviceProps query(int device, CUstream_st* stream) {
 }
 
 }  // namespace
-
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
-}
 
 uint64_t stream_context_key(int device, CUstream_st* stream) {
   if (current_context() == nullptr && driver().get_current != nullptr)

@@ -5,8 +5,6 @@
 
 #include <cstdint>
 
-#include <driver_types.h>  // cudaError_t
-
 struct CUstream_st;
 
 namespace flash_kda::sm90 {
@@ -24,9 +22,6 @@ struct DeviceProps {
   int smem_per_block_optin = 0;     // the most dynamic + static shared memory one block may opt in to
   int smem_reserved_per_block = 0;  // bytes the driver reserves per resident block
 };
-
-/// Throws flash_kda::CudaError("flash_kda: <what>: <the CUDA error>") unless e is cudaSuccess.
-void check_cuda(cudaError_t e, const char* what);
 
 /// A key of the (device, context) `stream` belongs to (the current one for the NULL and per-thread
 /// streams), unique for the process's lifetime (cuCtxGetId); `device`'s primary context is made

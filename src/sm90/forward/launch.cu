@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "sm90/common/cuda_check.h"
 #include "sm90/common/device_props.h"
 #include "sm90/forward/kernels.h"
 #include "sm90/forward/launch.h"
@@ -12,23 +13,6 @@
 #include "sm90/forward/plan.h"
 
 namespace flash_kda::sm90 {
-namespace {
-
-// Makes `device` current for the launches and restores the caller's device afterwards. A
-// current context of `device` (its primary context or a green context of it) is left current.
-struct DeviceGuard {
-  int previous = -1;
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous), "cudaGetDevice");
-    if (previous != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous) cudaSetDevice(previous);
-  }
-};
-
-}  // namespace
 
 size_t workspace_bytes(const ProblemShape& p, const LaunchOptions& options) {
   return workspace_layout(p, options).total;
@@ -48,11 +32,8 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
 
   const int device = a.q.device_id;
   DeviceGuard guard(device);
-  const uint64_t ctx = stream_context_key(device, stream);
-  const DeviceProps props = stream_device_props(device, ctx, stream);
-  if (props.major != 9 || props.minor != 0)
-    throw Error("q", "tensors on an sm_90 (Hopper) GPU; device " + std::to_string(device) + " is sm_" +
-                         std::to_string(props.major) + std::to_string(props.minor));
+  uint64_t ctx = 0;
+  const DeviceProps props = sm90_stream_props(device, stream, &ctx);
   validate_device_options(options, props);
   const Plan plan = make_plan({p, props, options}, at);  // within `at` by construction (plan.h)
 
