@@ -1,0 +1,223 @@
+"""flash_kda's decode as a backend of flash-linear-attention 0.6.x.
+
+When fla 0.6.x is importable, importing flash_kda registers :class:`FlashKDADecodeBackend`
+for fla's operation 'kda' through fla's public registry (fla.backends.register): fla's own
+fused_recurrent_kda_fwd (decorated ``@dispatch('kda')``) and everything built on it
+(fused_recurrent_kda, fla's KDA layer in decode) then run flash_kda's decode for the calls the
+backend's verifier accepts, and fla's Triton kernel for the rest (fla logs the verifier's
+reason once per process). FLA_FLASH_KDA_DECODE=0, read by fla at every dispatch, turns the
+backend off.
+
+Registration never raises: without fla, with another fla version, or on any error, importing
+flash_kda still works and :data:`status` says why nothing was registered.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import threading
+
+logger = logging.getLogger(__name__)
+
+#: fla versions whose fused_recurrent_kda_fwd signature and registry this backend follows.
+SUPPORTED_FLA = "0.6."
+#: The environment variable fla reads to enable or disable this backend ("0": off).
+ENV_VAR = "FLA_FLASH_KDA_DECODE"
+#: The backend's type in fla's registry (distinct from fla's own "flash_kda" chunk backend,
+#: whose FLA_FLASH_KDA switch would otherwise also force this one on).
+BACKEND_TYPE = "flash_kda_decode"
+#: The operation whose registry fla's fused_recurrent_kda_fwd dispatches through.
+OPERATION = "kda"
+
+#: "registered", or why the backend was not registered (fla absent, another version, an error).
+status: str = "not attempted"
+
+_local = threading.local()
+
+
+#: str() of the torch dtypes the decode reads and writes (compared as names, so that the
+#: verifier's decisions can be tested on stand-in tensors without torch).
+_FLOATS = ("torch.bfloat16", "torch.float32")
+
+
+def _is_cuda_tensor(t) -> bool:
+    """A torch tensor (or a stand-in with the same attributes) on a CUDA device."""
+    return all(hasattr(t, a) for a in ("shape", "dtype", "ndim", "requires_grad")) and bool(getattr(t, "is_cuda", False))
+
+
+def _grad_enabled() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.is_grad_enabled()
+
+
+def _reject(reason: str) -> tuple[bool, str]:
+    return False, f"flash_kda decode: {reason}"
+
+
+def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
+                output_final_state=False, inplace_final_state=True, state_v_first=False, cu_seqlens=None,
+                ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=False,
+                use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                lower_bound=None, out=None, **kwargs) -> tuple[bool, str | None]:
+    """(True, None) when flash_kda's decode serves this fused_recurrent_kda_fwd call, else
+    (False, the reason). Reads shapes, dtypes and devices only (never tensor data: no sync).
+
+    A varlen call is accepted only when no sequence can exceed 16 tokens whatever cu_seqlens
+    holds (T_total <= 16), or when it has one token per sequence (T_total = N, with
+    ssm_state_indices: the decode batch of continuous batching).
+    """
+    if getattr(_local, "fallback", False):
+        return _reject("a call flash_kda handed back to fla")
+    if kwargs:
+        return _reject(f"unknown keyword(s) {', '.join(sorted(kwargs))}")
+    import flash_kda
+
+    if not flash_kda.cuda_available():
+        return _reject("this flash_kda build has no sm_90 kernels or no sm_90 GPU is visible")
+    named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    for name, t in named.items():
+        if not _is_cuda_tensor(t):
+            return _reject(f"{name} must be a CUDA tensor")
+        if str(t.dtype) not in _FLOATS:
+            return _reject(f"{name} must be bf16 or fp32, got {t.dtype}")
+    optional = {"A_log": A_log, "dt_bias": dt_bias, "initial_state": initial_state, "cu_seqlens": cu_seqlens,
+                "ssm_state_indices": ssm_state_indices, "num_accepted_tokens": num_accepted_tokens, "out": out}
+    for name, t in optional.items():
+        if t is not None and not _is_cuda_tensor(t):
+            return _reject(f"{name} must be a CUDA tensor or None")
+    if any(t is not None and t.requires_grad for t in (*named.values(), *optional.values())) and _grad_enabled():
+        return _reject("inference only (an input requires grad)")
+    if q.ndim != 4 or v.ndim != 4:
+        return _reject("q and v must be 4-d")
+    if q.shape[-1] != 128 or v.shape[-1] != 128:
+        return _reject(f"needs K = V = 128, got K = {q.shape[-1]}, V = {v.shape[-1]}")
+    if beta.ndim != 3:
+        return _reject("needs beta [B, T, HV] (headwise beta is not served)")
+    if v.shape[2] % q.shape[2] != 0:
+        return _reject(f"value heads HV = {v.shape[2]} must be a multiple of H = {q.shape[2]}")
+    if initial_state is not None and str(initial_state.dtype) not in _FLOATS:
+        return _reject(f"initial_state must be bf16 or fp32, got {initial_state.dtype}")
+    if out is not None and (tuple(out.shape) != tuple(v.shape) or str(out.dtype) not in _FLOATS):
+        return _reject("out must be bf16 or fp32 of v's shape")
+    if cu_seqlens is None:
+        if q.shape[1] > 16:
+            return _reject(f"at most 16 tokens per sequence, got T = {q.shape[1]}")
+    else:
+        total, n = q.shape[1], cu_seqlens.shape[0] - 1
+        one_token_each = ssm_state_indices is not None and total == n
+        if total > 16 and not one_token_each:
+            return _reject(f"varlen with T_total = {total} > 16 and not one token per sequence: cannot tell that "
+                           "every sequence has at most 16 tokens")
+    if inplace_final_state and initial_state is None:
+        return _reject("inplace_final_state without initial_state")
+    if ssm_state_indices is not None:
+        if not inplace_final_state:
+            return _reject("ssm_state_indices needs inplace_final_state=True")
+        if ssm_state_indices.ndim == 2 and cu_seqlens is not None:
+            return _reject("[N, T] ssm_state_indices with cu_seqlens")
+    if num_accepted_tokens is not None and (ssm_state_indices is None or ssm_state_indices.ndim != 2):
+        return _reject("num_accepted_tokens needs [N, T] ssm_state_indices")
+    if use_gate_in_kernel and lower_bound is None and A_log is None:
+        return _reject("the softplus gate needs A_log")
+    return True, None
+
+
+def decode_call(*args, **kwargs):
+    """The backend's implementation: flash_kda.fused_recurrent_kda_fwd (looked up at call time,
+    so a wrapper installed on it sees fla's calls). A call the C++ validation rejects (a case
+    the verifier cannot see from shapes, e.g. a misaligned view) runs fla's own Triton
+    function instead; nothing was written by the rejected call."""
+    import flash_kda
+
+    try:
+        return flash_kda.fused_recurrent_kda_fwd(*args, **kwargs)
+    except flash_kda.Error as err:
+        fallback = _fla_triton_function()
+        if fallback is None:
+            raise
+        logger.info("flash_kda decode handed a call back to fla: %s", err)
+        _local.fallback = True
+        try:
+            return fallback(*args, **kwargs)
+        finally:
+            _local.fallback = False
+
+
+def _fla_triton_function():
+    """fla's undecorated fused_recurrent_kda_fwd (behind its dispatch wrapper), or None."""
+    import inspect
+
+    try:
+        from fla.ops.kda import fused_recurrent
+    except Exception:  # noqa: BLE001 - no fallback then; the caller re-raises our error
+        return None
+    return inspect.unwrap(fused_recurrent.fused_recurrent_kda_fwd)
+
+
+def _fla_version() -> str | None:
+    """fla's version from the installed distribution's metadata (no import), else None."""
+    for dist in ("fla-core", "flash-linear-attention"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def register() -> str:
+    """Register the backend with fla when fla 0.6.x is importable; sets and returns
+    :data:`status`. Never raises."""
+    global status
+    try:
+        status = _register()
+    except Exception as err:  # noqa: BLE001 - importing flash_kda must never fail because of fla
+        status = f"not registered: {type(err).__name__}: {err}"
+    return status
+
+
+def _register() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("fla") is None:
+        return "not registered: fla is not installed"
+    version = _fla_version()
+    if version is not None and not version.startswith(SUPPORTED_FLA):
+        return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
+    fla = importlib.import_module("fla")
+    version = getattr(fla, "__version__", version)
+    if version is None:
+        return "not registered: the importable fla has no version (not flash-linear-attention's package?)"
+    if not str(version).startswith(SUPPORTED_FLA):
+        return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
+    backends = importlib.import_module("fla.backends")
+    backend_class = _backend_class(backends.BaseBackend)
+    backends.register(OPERATION)(backend_class)
+    return "registered"
+
+
+def _backend_class(base):
+    """The backend class on fla's BaseBackend: fla finds the implementation and the verifier
+    by the dispatched function's name (fused_recurrent_kda_fwd, fused_recurrent_kda_fwd_verifier)."""
+
+    class FlashKDADecodeBackend(base):
+        """flash_kda's sm_90 decode for fla's fused_recurrent_kda_fwd (inference only, K = V =
+        128, at most 16 tokens per sequence); FLA_FLASH_KDA_DECODE=0 turns it off."""
+
+        backend_type = BACKEND_TYPE
+        package_name = "flash_kda"
+        env_var = ENV_VAR
+        default_enable = True
+        priority = 3
+
+        def fused_recurrent_kda_fwd_verifier(self, *args, **kwargs):
+            return verify_call(*args, **kwargs)
+
+        def fused_recurrent_kda_fwd(self, *args, **kwargs):
+            return decode_call(*args, **kwargs)
+
+    return FlashKDADecodeBackend
