@@ -61,6 +61,16 @@ def _settings(use_gate_in_kernel, lower_bound, state_v_first, use_qk_l2norm_in_k
     return (gate, v_first, l2norm, beta_sigmoid, neg_eigval and beta_sigmoid, scale, bound)
 
 
+def _torch():
+    """torch, or an ImportError saying what the GPU decode needs."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("flash_kda.fused_recurrent_kda_fwd needs PyTorch with CUDA and an sm_90 GPU; "
+                          "without them only flash_kda.reference_decode is available") from e
+    return torch
+
+
 def _no_extra(kwargs: dict) -> None:
     """fla's functions take **kwargs and ignore what they do not know; flash_kda names it
     instead, so a misspelt keyword is not silently dropped."""
@@ -167,9 +177,8 @@ def fused_recurrent_kda_fwd(
             on the host, misaligned rows, an unknown keyword, ... Nothing is written then.
         RuntimeError: the CUDA launch failed. ImportError: PyTorch is not installed.
     """
-    import torch
-
     _no_extra(kwargs)
+    torch = _torch()
     if torch.compiler.is_compiling():
         from . import _ops
 
