@@ -18,8 +18,19 @@ import numpy as np
 from . import _core
 from ._forward import _current_raw_stream, _error, _raw_descriptions, _real
 
+try:
+    # Already imported by flash_kda/__init__.py when installed; a module global (not an import
+    # inside the functions) so that torch.compile traces fused_recurrent_kda_fwd without a break.
+    import torch as _torch_module
+except ImportError:
+    _torch_module = None
+
 if TYPE_CHECKING:
     import torch
+
+#: flash_kda._ops.traced_fused_recurrent_kda_fwd once the torch.library op is registered (None
+#: without torch or without torch.library.custom_op).
+_traced = None
 
 #: Tokens per sequence the GPU decode serves (T = 1 decode, 2..16 speculative verification).
 MAX_TOKENS = 16
@@ -63,12 +74,10 @@ def _settings(use_gate_in_kernel, lower_bound, state_v_first, use_qk_l2norm_in_k
 
 def _torch():
     """torch, or an ImportError saying what the GPU decode needs."""
-    try:
-        import torch
-    except ImportError as e:
+    if _torch_module is None:
         raise ImportError("flash_kda.fused_recurrent_kda_fwd needs PyTorch with CUDA and an sm_90 GPU; "
-                          "without them only flash_kda.reference_decode is available") from e
-    return torch
+                          "without them only flash_kda.reference_decode is available")
+    return _torch_module
 
 
 def _no_extra(kwargs: dict) -> None:
@@ -179,10 +188,8 @@ def fused_recurrent_kda_fwd(
     """
     _no_extra(kwargs)
     torch = _torch()
-    if torch.compiler.is_compiling():
-        from . import _ops
-
-        return _ops.traced_fused_recurrent_kda_fwd(
+    if _traced is not None and torch.compiler.is_compiling():
+        return _traced(
             q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state, inplace_final_state,
             state_v_first, cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
             use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, out)

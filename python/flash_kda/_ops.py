@@ -80,3 +80,6 @@ def traced_fused_recurrent_kda_fwd(q, k, v, g, beta, A_log, dt_bias, initial_sta
                                None if inplace else final_state, ssm_state_indices, num_accepted_tokens,
                                *settings, inplace)
     return out, final_state
+
+
+_decode._traced = traced_fused_recurrent_kda_fwd
