@@ -1,7 +1,8 @@
 """flash_kda's decode as a backend of flash-linear-attention 0.6.x.
 
-When fla 0.6.x is importable, importing flash_kda registers :class:`FlashKDADecodeBackend`
-for fla's operation 'kda' through fla's public registry (fla.backends.register): fla's own
+When fla 0.6.x is installed, importing flash_kda registers its backend (FlashKDADecodeBackend)
+for fla's operation 'kda' through fla's public registry (fla.backends.register), at once when
+fla is already imported, else as soon as fla.backends is (see register): fla's own
 fused_recurrent_kda_fwd (decorated ``@dispatch('kda')``) and everything built on it
 (fused_recurrent_kda, fla's KDA layer in decode) then run flash_kda's decode for the calls the
 backend's verifier accepts, and fla's Triton kernel for the rest (fla logs the verifier's
@@ -14,7 +15,6 @@ flash_kda still works and :data:`status` says why nothing was registered.
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import logging
 import threading
@@ -31,7 +31,8 @@ BACKEND_TYPE = "flash_kda_decode"
 #: The operation whose registry fla's fused_recurrent_kda_fwd dispatches through.
 OPERATION = "kda"
 
-#: "registered", or why the backend was not registered (fla absent, another version, an error).
+#: "registered", "pending: ..." (fla installed, not imported yet), or why the backend was not
+#: registered (fla absent, another version, an error).
 status: str = "not attempted"
 
 _local = threading.local()
@@ -170,8 +171,14 @@ def _fla_version() -> str | None:
 
 
 def register() -> str:
-    """Register the backend with fla when fla 0.6.x is importable; sets and returns
-    :data:`status`. Never raises."""
+    """Register the backend with fla 0.6.x; sets and returns :data:`status`. Never raises.
+
+    fla is not imported here (with flash-linear-attention installed, importing fla loads its
+    layers and models, seconds of work `import flash_kda` should not pay): when fla.backends is
+    already imported the backend is registered at once; otherwise, if fla is installed, an
+    import hook registers it right after fla.backends is first imported (fla's
+    fused_recurrent_kda_fwd imports it to dispatch, so the backend is there before any call).
+    """
     global status
     try:
         status = _register()
@@ -182,22 +189,81 @@ def register() -> str:
 
 def _register() -> str:
     import importlib.util
+    import sys
 
-    if importlib.util.find_spec("fla") is None:
+    if sys.modules.get("fla.backends") is not None:
+        return _register_with(sys.modules["fla.backends"])
+    if sys.modules.get("fla", False) is None or importlib.util.find_spec("fla") is None:
         return "not registered: fla is not installed"
     version = _fla_version()
     if version is not None and not version.startswith(SUPPORTED_FLA):
         return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
-    fla = importlib.import_module("fla")
-    version = getattr(fla, "__version__", version)
+    if not any(isinstance(f, _AfterFlaBackends) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterFlaBackends())
+    return "pending: registers when fla.backends is imported"
+
+
+def _register_with(backends) -> str:
+    """Register on the imported fla.backends module, after checking fla's version."""
+    import sys
+
+    version = getattr(sys.modules.get("fla"), "__version__", None)
     if version is None:
         return "not registered: the importable fla has no version (not flash-linear-attention's package?)"
     if not str(version).startswith(SUPPORTED_FLA):
         return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
-    backends = importlib.import_module("fla.backends")
-    backend_class = _backend_class(backends.BaseBackend)
-    backends.register(OPERATION)(backend_class)
+    backends.register(OPERATION)(_backend_class(backends.BaseBackend))
     return "registered"
+
+
+def _after_import(module) -> None:
+    """Run by the import hook once fla.backends has executed."""
+    global status
+    try:
+        status = _register_with(module)
+    except Exception as err:  # noqa: BLE001 - fla's import must not fail because of flash_kda
+        status = f"not registered: {type(err).__name__}: {err}"
+
+
+class _AfterFlaBackends:
+    """A sys.meta_path finder that lets the normal finders locate fla.backends and wraps its
+    loader so that the backend is registered right after the module executes; it removes
+    itself then."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        import importlib.util
+        import sys
+
+        if fullname != "fla.backends" or getattr(_local, "finding", False):
+            return None
+        _local.finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            _local.finding = False
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _RegisteringLoader(spec.loader)
+        return spec
+
+
+class _RegisteringLoader:
+    """fla.backends' own loader, with the registration after its exec_module."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _after_import(module)
+
+    def __getattr__(self, name):  # get_source, is_package, ...: the real loader's
+        return getattr(self._loader, name)
 
 
 def _backend_class(base):

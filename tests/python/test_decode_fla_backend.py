@@ -92,6 +92,54 @@ def test_import_without_fla_works():
     assert r.stdout.strip().startswith("not registered"), r.stdout
 
 
+STAND_IN_BACKENDS = """
+registered = []
+
+
+class BaseBackend:
+    backend_type = "base"
+
+
+def register(entry_point, **kw):
+    def decorator(cls):
+        registered.append((entry_point, cls.backend_type, cls.env_var))
+        return cls
+    return decorator
+"""
+
+
+@pytest.mark.parametrize("fla_first", [False, True], ids=["flash_kda_first", "fla_first"])
+def test_registers_when_fla_backends_is_imported_later_or_earlier(tmp_path, fla_first):
+    """fla is not imported by `import flash_kda`: the backend is registered once fla.backends
+    is imported (or at once when it already was)."""
+    pkg = tmp_path / "fla"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('__version__ = "0.6.0"\n')
+    (pkg / "backends.py").write_text(STAND_IN_BACKENDS)
+    order = ["import fla.backends", "import flash_kda"] if fla_first else ["import flash_kda", "import fla.backends"]
+    code = "\n".join([
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})",
+        order[0],
+        "import flash_kda._fla as f",
+        "print('fla imported by flash_kda:', 'fla' in sys.modules)" if not fla_first else "print('-')",
+        "print(f.status)",
+        order[1],
+        "import fla.backends as b",
+        "print(f.status)",
+        "print(b.registered)",
+    ])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    if fla_first:
+        assert lines[1] == "registered"
+    else:
+        assert lines[0] == "fla imported by flash_kda: False"
+        assert lines[1] == "pending: registers when fla.backends is imported"
+    assert lines[2] == "registered"
+    assert lines[3] == "[('kda', 'flash_kda_decode', 'FLA_FLASH_KDA_DECODE')]"
+
+
 class T:
     """A stand-in tensor: what the verifier reads (shape, ndim, dtype name, is_cuda, requires_grad)."""
 
