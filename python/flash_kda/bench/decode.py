@@ -15,13 +15,11 @@ sequences. The case list and the floor are pure Python (tested on CPU).
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 from dataclasses import asdict, dataclass
-from typing import Iterator
 
 from . import check as check_mod
+from . import impls
 
 #: The sweep of the issue: sequences, heads, tokens per sequence, pool dtypes.
 NUM_SEQS = (1, 8, 32, 128, 256, 512, 1024)
@@ -102,18 +100,9 @@ def floor_ms(case: DecodeCase, copy_bandwidth: float) -> float:
     return floor_bytes(case) / copy_bandwidth * 1e3
 
 
-@contextlib.contextmanager
-def fla_dispatch_to_flash_kda(enabled: bool) -> Iterator[None]:
+def fla_dispatch_to_flash_kda(enabled: bool):
     """FLA_FLASH_KDA_DECODE set to "1"/"0" for the block, then restored."""
-    old = os.environ.get(FLA_ENV)
-    os.environ[FLA_ENV] = "1" if enabled else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(FLA_ENV, None)
-        else:
-            os.environ[FLA_ENV] = old
+    return impls.env_switch(FLA_ENV, enabled)
 
 
 def sample_indices(num_seqs: int, sample: int) -> list[int]:
@@ -186,24 +175,12 @@ def fla_call(x: Inputs):
     return call, out, pool
 
 
-@contextlib.contextmanager
-def count_flash_kda_decode_calls() -> Iterator[list[int]]:
+def count_flash_kda_decode_calls():
     """Count calls of flash_kda.fused_recurrent_kda_fwd in the block (fla's backend looks it
     up at call time), to prove that fla's timed path is its own."""
     import flash_kda
 
-    real = flash_kda.fused_recurrent_kda_fwd
-    calls = [0]
-
-    def counted(*a, **kw):
-        calls[0] += 1
-        return real(*a, **kw)
-
-    flash_kda.fused_recurrent_kda_fwd = counted
-    try:
-        yield calls
-    finally:
-        flash_kda.fused_recurrent_kda_fwd = real
+    return impls.count_calls(flash_kda, "fused_recurrent_kda_fwd")
 
 
 def reference_sample(x: Inputs, seqs: list[int]):

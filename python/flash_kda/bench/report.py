@@ -70,12 +70,13 @@ def geomean_line(results: dict) -> str | None:
     return f"geomean over {n} case(s), eager: {means}"
 
 
-def check_label(r: dict) -> str:
-    """"ok"/"FAIL" with our output error vs the fp64 reference, "error", or "-" when skipped."""
+def check_label(r: dict, keys: tuple[str, ...] = ("out_err",)) -> str:
+    """"ok"/"FAIL" with our errors vs the fp64 reference (the check's `keys`, joined by "/"),
+    "error", or "-" when skipped."""
     c = r.get("check")
     if c is None:
         return "error" if "check" in r.get("errors", {}) else "-"
-    return f"{'ok' if c['passed'] else 'FAIL'} {c['out_err']:.1e}"
+    return f"{'ok' if c.get('passed') else 'FAIL'} " + "/".join(f"{c.get(k, float('nan')):.1e}" for k in keys)
 
 
 def rows(results: dict) -> list[list[str]]:
@@ -102,6 +103,14 @@ def rows(results: dict) -> list[list[str]]:
     return out
 
 
+def _padded(columns: list[str], body: list[list[str]]) -> list[str]:
+    """Header, rule and rows as text lines, each column padded to its widest cell (the first
+    left-aligned, the others right-aligned)."""
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(columns)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return [line(columns), line(["-" * w for w in widths])] + [line(row) for row in body]
+
+
 def format_table(results: dict) -> str:
     """The plain-text table printed last on stdout (columns padded to width); the decode
     table for a --decode run."""
@@ -109,10 +118,7 @@ def format_table(results: dict) -> str:
         return format_decode_table(results)
     if not results.get("cases"):
         return format_layer(results["layer"]) if "layer" in results else "no cases were run"
-    body = rows(results)
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(COLUMNS)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    text = [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in body]
+    text = _padded(COLUMNS, rows(results))
     text.append("")
     if (g := geomean_line(results)) is not None:
         text.append(g)
@@ -314,11 +320,8 @@ def _us(v: float | None) -> str:
 
 
 def decode_check_label(r: dict) -> str:
-    """"ok"/"FAIL" with our out and state errors vs the fp64 reference, "error" or "-"."""
-    c = r.get("check")
-    if c is None:
-        return "error" if "check" in r.get("errors", {}) else "-"
-    return f"{'ok' if c.get('passed') else 'FAIL'} {c.get('out_err', float('nan')):.1e}/{c.get('state_err', float('nan')):.1e}"
+    """check_label with our out and state errors ("ok 3.0e-03/2.0e-07")."""
+    return check_label(r, ("out_err", "state_err"))
 
 
 def decode_rows(results: dict) -> list[list[str]]:
@@ -373,10 +376,7 @@ def _decode_errors(results: dict) -> list[str]:
 
 def format_decode_table(results: dict) -> str:
     """The plain-text decode table with its summary lines."""
-    body = decode_rows(results)
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(DECODE_COLUMNS)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    text = [line(DECODE_COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in body] + [""]
+    text = _padded(DECODE_COLUMNS, decode_rows(results)) + [""]
     text += decode_summary(results) + [DECODE_NOTE] + _decode_errors(results)
     return "\n".join(text)
 
