@@ -36,7 +36,7 @@ FKDA_HOST_DEVICE T safe_gate(T x, T decay_rate, T lower_bound) {
 // so a block computes rate2 and lb2 once per head, bias2 = rate2 dt_bias once per channel, and
 // each token one FMA, one 2^(.), one add, one reciprocal and one multiply. 2^y overflowing to
 // +inf gives recip(inf) = 0, the sigmoid's limit. `Math` supplies the operations: exp2, recip,
-// exp, fma and div (ptx::FastMath on the device: single MUFU instructions; StdMath on the host).
+// exp, fma, div and log2 (ptx::FastMath on the device: single MUFU instructions; StdMath on the host).
 
 /// Per-head constants of the log2 safe gate.
 template <typename T>
@@ -62,11 +62,29 @@ FKDA_HOST_DEVICE T beta_sigmoid_log2(T beta, const Math& m) {
   return m.div(T(1), T(1) + m.exp2(-beta * T(kLog2e)));
 }
 
+/// The log2 form of the softplus gate (what the decode kernel evaluates). With x2 = x log2(e)
+/// and softplus(x) = max(x, 0) + log1p(e^-|x|) (the fp64 form below):
+///
+///   a2 = a log2(e) = -exp(A_log) softplus(x) log2(e) = neg_rate (max(x2, 0) + log2(1 + 2^-|x2|))
+///
+/// with neg_rate = -exp(A_log), one per head: one multiply, one 2^(.), one log2(.) and two
+/// adds per channel. 2^-|x2| <= 1, so nothing overflows; for x2 below about -24 the 1 + 2^x2
+/// rounds to 1 in fp32 and a2 becomes 0 where the exact value is neg_rate 2^x2 (an absolute error
+/// below |neg_rate| 2^-24, far below the decay's bf16 and fp32 resolution).
+template <typename T, class Math>
+FKDA_HOST_DEVICE T softplus_gate_log2(T x, T neg_rate, const Math& m) {
+  const T x2 = x * T(kLog2e);
+  const T pos = x2 > T(0) ? x2 : T(0);
+  const T neg_abs = x2 > T(0) ? -x2 : x2;
+  return neg_rate * (pos + m.log2(T(1) + m.exp2(neg_abs)));
+}
+
 /// The operations of the log2 forms in the C++ library's exact (correctly rounded where the
 /// library is) versions: the host side of the check of the kernels' forms.
 struct StdMath {
   template <typename T> T exp2(T x) const { return std::exp2(x); }
   template <typename T> T exp(T x) const { return std::exp(x); }
+  template <typename T> T log2(T x) const { return std::log2(x); }
   template <typename T> T recip(T x) const { return T(1) / x; }
   template <typename T> T div(T a, T b) const { return a / b; }
   template <typename T> T fma(T a, T b, T c) const { return std::fma(a, b, c); }

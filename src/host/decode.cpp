@@ -289,7 +289,7 @@ void check_pool(const DecodeArgs& a, Target target, const ProblemShape& p) {
   }
 }
 
-void check_gate(const DecodeArgs& a, const ProblemShape& p) {
+void check_gate(const DecodeArgs& a, Target target, const ProblemShape& p) {
   if (a.gate != GateMode::SafeSigmoid && a.gate != GateMode::Softplus && a.gate != GateMode::PreGated)
     throw Error("gate", "expected SafeSigmoid, Softplus or PreGated, got value " + std::to_string(static_cast<int>(a.gate)));
   if (a.gate == GateMode::PreGated) {
@@ -303,6 +303,8 @@ void check_gate(const DecodeArgs& a, const ProblemShape& p) {
     check_dtype(a.A_log, "A_log", {DType::F32});
     check_shape(a.A_log, "A_log", {p.value_heads}, "[HV]", "from v");
     detail::check_contiguous(a.A_log, "A_log");
+    if (target == Target::Sm90 && reinterpret_cast<uintptr_t>(a.A_log.data) % 4 != 0)
+      throw Error("A_log", "data pointer must be element aligned");
   }
   if (a.dt_bias.defined()) {
     check_dtype(a.dt_bias, "dt_bias", {DType::F32});
@@ -313,6 +315,8 @@ void check_gate(const DecodeArgs& a, const ProblemShape& p) {
       throw Error("dt_bias", "expected shape " + dims_str({HV, K}) + " [HV, K] or " + dims_str({HV * K}) + " [HV*K], got " +
                                  shape_str(a.dt_bias));
     detail::check_contiguous(a.dt_bias, "dt_bias");
+    if (target == Target::Sm90 && reinterpret_cast<uintptr_t>(a.dt_bias.data) % kSm90Alignment != 0)
+      throw Error("dt_bias", "data pointer must be 16-byte aligned for the Sm90 decode kernel");
   }
   if (a.gate == GateMode::SafeSigmoid && !(a.lower_bound >= -5.0 && a.lower_bound < 0.0))
     throw Error("lower_bound", "must be in [-5, 0) for the safe gate, got " + std::to_string(a.lower_bound));
@@ -382,7 +386,7 @@ ProblemShape validate_decode(const DecodeArgs& args, Target target) {
   check_sequences(args, target, p);
   check_flags(args, target);
   check_pool(args, target, p);
-  check_gate(args, p);
+  check_gate(args, target, p);
   if (target == Target::Sm90) check_sm90_subset(p);
   check_aliasing(args);
   p.scale = args.scale ? *args.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim_k));

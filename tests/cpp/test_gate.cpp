@@ -59,3 +59,34 @@ TEST(Gate, BetaLog2FormMatchesTheSigmoid) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Gate, SoftplusLog2FormMatchesTheFp64SoftplusGate) {
+  const math::StdMath m;
+  for (double a_log : {-3.0, -1.0, 0.0, 1.0, 2.5})
+    for (double x = -60.0; x <= 60.0; x += 0.173) {
+      const double rate = std::exp(a_log);
+      const double ref = math::softplus_gate<double>(x, rate);
+      const double got = double(math::softplus_gate_log2(float(x), float(-rate), m)) / math::kLog2e;
+      ASSERT_LE(got, 0.0) << x;
+      // Relative to the value, plus the absolute floor where 1 + 2^x2 rounds to 1 in fp32.
+      ASSERT_NEAR(got, ref, 2e-6 * std::abs(ref) + 2e-7 * rate) << "a_log " << a_log << " x " << x;
+    }
+}
+
+TEST(Gate, SoftplusLog2FormIsExactInFp64) {
+  const math::StdMath m;
+  for (double x = -30.0; x <= 30.0; x += 0.7) {
+    const double ref = math::softplus_gate<double>(x, 2.0);
+    EXPECT_NEAR(math::softplus_gate_log2(x, -2.0, m) / math::kLog2e, ref, 1e-12 * (1 + std::abs(ref))) << x;
+  }
+}
+
+TEST(Gate, SoftplusLog2FormNeverOverflows) {
+  const math::StdMath m;
+  EXPECT_EQ(math::softplus_gate_log2(-1e30f, -1.0f, m), -0.0f);
+  EXPECT_FLOAT_EQ(math::softplus_gate_log2(1e30f, -1.0f, m), float(-1e30 * math::kLog2e));
+}
+
+}  // namespace

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "sm90/common/cuda_check.h"
 #include "sm90/common/device_props.h"
 #include "sm90/forward/kernels.h"
 #include "sm90/forward/launch.h"
@@ -12,28 +13,6 @@
 #include "sm90/forward/plan.h"
 
 namespace flash_kda::sm90 {
-namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw CudaError(std::string("flash_kda: ") + what + ": " + cudaGetErrorString(e));
-}
-
-// Makes `device` current for the launches and restores the caller's device afterwards. A
-// current context of `device` (its primary context or a green context of it) is left current.
-struct DeviceGuard {
-  int previous = -1;
-  explicit DeviceGuard(int device) {
-    check(cudaGetDevice(&previous), "cudaGetDevice");
-    if (previous != device) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous) cudaSetDevice(previous);
-  }
-};
-
-}  // namespace
 
 size_t workspace_bytes(const ProblemShape& p, const LaunchOptions& options) {
   return workspace_layout(p, options).total;
@@ -108,13 +87,13 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
   if (plan.segments()) {  // one window: stage 1, segment maps, scan, segments from their starts
     pp.slot_begin = 0;
     pp.slot_end = plan.total_slots;
-    check(launch_prepare(pp, plan.prepare_launch(0), ctx, stream), "prepare kernel launch");
+    check_cuda(launch_prepare(pp, plan.prepare_launch(0), ctx, stream), "prepare kernel launch");
     SegmentMapsParams mp{};
     static_cast<ChainParams&>(mp) = chain;
     mp.seg_len = plan.seg_len;
     mp.max_segs = plan.max_segs;
     mp.seg_maps = seg_maps;
-    check(launch_segment_maps(mp, plan.segment_maps, ctx, stream), "segment maps launch");
+    check_cuda(launch_segment_maps(mp, plan.segment_maps, ctx, stream), "segment maps launch");
     ScanParams sp{};
     sp.seqs = seqs;
     sp.value_heads = chain.value_heads;
@@ -124,7 +103,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
     sp.seg_states = seg_states;
     sp.initial_state = initial_state;
     sp.state_is_f32 = state_is_f32;
-    check(launch_segment_scan(sp, plan.segment_scan, ctx, stream), "segment scan launch");
+    check_cuda(launch_segment_scan(sp, plan.segment_scan, ctx, stream), "segment scan launch");
     SegmentFinishParams fp{};
     static_cast<ChainParams&>(fp) = chain;
     fp.seg_len = plan.seg_len;
@@ -133,7 +112,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
     fp.final_state = final_state;
     fp.state_is_f32 = state_is_f32;
     fp.seg_states = seg_states;
-    check(launch_segment_finish(fp, plan.segment_finish, ctx, stream), "segment finish launch");
+    check_cuda(launch_segment_finish(fp, plan.segment_finish, ctx, stream), "segment finish launch");
     return;
   }
   // Windows: stage 1 then the window pass of each, records in two alternating buffers. Stage 1
@@ -147,7 +126,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
   rp.final_state = final_state;
   rp.state_is_f32 = state_is_f32;
   const size_t window_records = size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes;
-  if (plan.pipelined()) check(cudaMemsetAsync(done, 0, plan.done_bytes, stream), "cudaMemsetAsync (window counts)");
+  if (plan.pipelined()) check_cuda(cudaMemsetAsync(done, 0, plan.done_bytes, stream), "cudaMemsetAsync (window counts)");
   for (int64_t w = 0; w < plan.num_windows; ++w) {
     pp.slot_begin = rp.slot_begin = plan.window_begin(w);
     pp.slot_end = rp.slot_end = plan.window_end(w);
@@ -158,8 +137,8 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
     rp.done_in = w > 0 ? done + (w - 1) : nullptr;
     rp.done_expected = w > 0 ? plan.window_pass_warps : 0;
     rp.done_out = w + 1 < plan.num_windows ? done + w : nullptr;
-    check(launch_prepare(pp, plan.prepare_launch(w), ctx, stream), "prepare kernel launch");
-    check(launch_window_pass(rp, plan.window_warps, plan.window_pass, ctx, stream), "window pass launch");
+    check_cuda(launch_prepare(pp, plan.prepare_launch(w), ctx, stream), "prepare kernel launch");
+    check_cuda(launch_window_pass(rp, plan.window_warps, plan.window_pass, ctx, stream), "window pass launch");
   }
 }
 
