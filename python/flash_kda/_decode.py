@@ -32,11 +32,6 @@ if TYPE_CHECKING:
 #: without torch or without torch.library.custom_op).
 _traced = None
 
-#: Tokens per sequence the GPU decode serves (T = 1 decode, 2..16 speculative verification).
-MAX_TOKENS = 16
-#: The head dims K = V the GPU decode serves.
-HEAD_DIM = 128
-
 # The call's tensors in the order of _core.decode_tensors; the functions below name their
 # locals after them, so one itemgetter over locals() builds the tuple _core takes.
 _pick_tensors = operator.itemgetter(*_core.decode_tensors)
@@ -134,7 +129,7 @@ def fused_recurrent_kda_fwd(
     """KDA decode / speculative verification on an sm_90 GPU, with fla 0.6.0's call.
 
     Runs the recurrence of docs/kda-spec.md token by token (fp32 inside) for T = 1..16 tokens
-    per sequence, with the states in a pool (C++ flash_kda::decode; include/flash_kda/decode.h).
+    per sequence (varlen: any number), with the states in a pool (C++ flash_kda::decode; include/flash_kda/decode.h).
     Keyword names, defaults and return values are those of fla's fused_recurrent_kda_fwd
     (fla/ops/kda/fused_recurrent.py, fla-core 0.6.0).
 
@@ -155,9 +150,9 @@ def fused_recurrent_kda_fwd(
         inplace_final_state: write the final states into initial_state (the pool) and return
             it; needs initial_state.
         state_v_first: the states' layout ([.., V, K] when True, [.., K, V] when False).
-        cu_seqlens: optional int32/int64 [N + 1] on the GPU: a varlen batch (B = 1). Its
-            values are not checked (that would need a sync); every sequence must have at most
-            16 tokens (a longer one gets unspecified results, with no access outside the tensors).
+        cu_seqlens: optional int32/int64 [N + 1] on the GPU: a varlen batch (B = 1) whose
+            sequences may have any number of tokens. Its values are not checked (that would
+            need a sync); bad ones give unspecified results, never an access outside the tensors.
         ssm_state_indices: optional int32/int64 [N] or [N, T] (fixed length only): the pool
             slot of each sequence (and token). Sequence n starts from pool[idx[n,
             num_accepted_tokens[n] - 1]] (with num_accepted_tokens) or pool[idx[n, 0]]; the
@@ -182,7 +177,7 @@ def fused_recurrent_kda_fwd(
     Raises:
         flash_kda.Error: an argument is invalid or outside what the GPU decode serves (the
             message and ``.argument`` name it): K or V other than 128, more than 16 tokens per
-            sequence, an input requiring grad while grad is enabled, headwise beta, a tensor
+            sequence of a fixed-length batch, an input requiring grad while grad is enabled, headwise beta, a tensor
             on the host, misaligned rows, an unknown keyword, ... Nothing is written then.
         RuntimeError: the CUDA launch failed. ImportError: PyTorch is not installed.
     """

@@ -67,11 +67,8 @@ def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, 
                 lower_bound=None, out=None, **kwargs) -> tuple[bool, str | None]:
     """(True, None) when flash_kda's decode serves this fused_recurrent_kda_fwd call, else
     (False, the reason). Reads shapes, dtypes and devices only (never tensor data: no sync).
-
-    A varlen call is accepted only when no sequence can exceed 16 tokens whatever cu_seqlens
-    holds (T_total <= 16), or when it has one token per sequence (T_total = N, with
-    ssm_state_indices: the decode batch of continuous batching).
-    """
+    A fixed-length batch may have up to 16 tokens per sequence; varlen sequences any number
+    (the kernel runs them in rounds of tokens)."""
     if getattr(_local, "fallback", False):
         return _reject("a call flash_kda handed back to fla")
     if kwargs:
@@ -105,15 +102,8 @@ def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, 
         return _reject(f"initial_state must be bf16 or fp32, got {initial_state.dtype}")
     if out is not None and (tuple(out.shape) != tuple(v.shape) or str(out.dtype) not in _FLOATS):
         return _reject("out must be bf16 or fp32 of v's shape")
-    if cu_seqlens is None:
-        if q.shape[1] > 16:
-            return _reject(f"at most 16 tokens per sequence, got T = {q.shape[1]}")
-    else:
-        total, n = q.shape[1], cu_seqlens.shape[0] - 1
-        one_token_each = ssm_state_indices is not None and total == n
-        if total > 16 and not one_token_each:
-            return _reject(f"varlen with T_total = {total} > 16 and not one token per sequence: cannot tell that "
-                           "every sequence has at most 16 tokens")
+    if cu_seqlens is None and q.shape[1] > 16:
+        return _reject(f"at most 16 tokens per sequence in a fixed-length batch, got T = {q.shape[1]}")
     if inplace_final_state and initial_state is None:
         return _reject("inplace_final_state without initial_state")
     if ssm_state_indices is not None:
@@ -272,7 +262,8 @@ def _backend_class(base):
 
     class FlashKDADecodeBackend(base):
         """flash_kda's sm_90 decode for fla's fused_recurrent_kda_fwd (inference only, K = V =
-        128, at most 16 tokens per sequence); FLA_FLASH_KDA_DECODE=0 turns it off."""
+        128, at most 16 tokens per sequence of a fixed-length batch); FLA_FLASH_KDA_DECODE=0
+        turns it off."""
 
         backend_type = BACKEND_TYPE
         package_name = "flash_kda"

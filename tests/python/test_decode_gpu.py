@@ -216,7 +216,7 @@ def test_gva_strided_views_and_fp32_inputs(cuda_sm90):
 def test_varlen_without_pool(cuda_sm90):
     import torch
 
-    lens = [1, 3, 0, 16, 2]
+    lens = [1, 3, 0, 16, 2, 41]  # varlen sequences may be longer than 16 tokens
     dev = cuda_sm90
     kw, _ = _problem(dev, N=1, T=sum(lens), HV=4, index_mode="none")
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int64, device=dev)
