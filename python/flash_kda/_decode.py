@@ -141,7 +141,8 @@ def fused_recurrent_kda_fwd(
         beta: bf16 or fp32 [B, T, HV] (a per-head scalar; fla's headwise [B, T, HV, V] beta is
             not served): logits when use_beta_sigmoid_in_kernel, else b itself.
         A_log: optional fp32 [HV]; required by the softplus gate. dt_bias: optional fp32
-            [HV, K] or [HV*K], added to g before the gate.
+            [HV, K] or [HV*K], added to g before the gate. Both are ignored (as by fla)
+            when use_gate_in_kernel is False.
         initial_state: bf16 or fp32. With ssm_state_indices: the state pool [P, HV, V, K]
             (state_v_first) or [P, HV, K, V], any stride between slots. Without: [N, HV, ...],
             or None for zero states.
@@ -190,6 +191,8 @@ def fused_recurrent_kda_fwd(
             use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, out)
     settings = _settings(use_gate_in_kernel, lower_bound, state_v_first, use_qk_l2norm_in_kernel,
                          use_beta_sigmoid_in_kernel, allow_neg_eigval, scale)
+    if settings[0] == _GATES["none"]:
+        A_log = dt_bias = None  # fla ignores them without use_gate_in_kernel
     final_state = _final_state(q, v, initial_state, output_final_state, inplace_final_state, state_v_first,
                                cu_seqlens, ssm_state_indices, torch)
     if final_state is not None and initial_state is not None and final_state.dtype != initial_state.dtype:
@@ -364,6 +367,8 @@ def reference_decode(
     """
     settings = _settings(use_gate_in_kernel, lower_bound, state_v_first, use_qk_l2norm_in_kernel,
                          use_beta_sigmoid_in_kernel, allow_neg_eigval, scale)
+    if settings[0] == _GATES["none"]:
+        A_log = dt_bias = None  # as fused_recurrent_kda_fwd: unused by the pre-computed gate
     if isinstance(num_threads, (bool, np.bool_)) or not isinstance(num_threads, (int, np.integer)):
         raise _error("num_threads", f"expected an int >= 0 (0 = all cores), got {type(num_threads).__name__}")
     if not 0 <= num_threads < (1 << 31):

@@ -68,6 +68,8 @@ def traced_fused_recurrent_kda_fwd(q, k, v, g, beta, A_log, dt_bias, initial_sta
     torch ops, then the op. Returns (out, final_state) like the eager function."""
     settings = _decode._settings(use_gate_in_kernel, lower_bound, state_v_first, use_qk_l2norm_in_kernel,
                                  use_beta_sigmoid_in_kernel, allow_neg_eigval, scale)
+    if settings[0] == _decode._GATES["none"]:
+        A_log = dt_bias = None
     final_state = _decode._final_state(q, v, initial_state, output_final_state, inplace_final_state,
                                        state_v_first, cu_seqlens, ssm_state_indices, torch)
     inplace = bool(inplace_final_state)

@@ -120,6 +120,16 @@ def test_varlen_without_pool_matches_the_forward(with_state):
         assert _rel(out[0, a:b], o[0]) < OUT_TOL and _rel(fs[n], s[0]) < STATE_TOL
 
 
+def test_the_precomputed_gate_ignores_A_log_and_dt_bias_as_fla_does():
+    rng = np.random.default_rng()
+    x = _inputs(rng, 2, 3, 1, 2, 8, 8, "none")
+    kw = _decode_kw(x, "none", True)
+    plain = flash_kda.reference_decode(**{k: x[k] for k in "q k v g beta".split()}, **kw)
+    kw.update(A_log=rng.standard_normal(2).astype(np.float32), dt_bias=rng.standard_normal((2, 8)).astype(np.float32))
+    ignored = flash_kda.reference_decode(**{k: x[k] for k in "q k v g beta".split()}, **kw)
+    assert np.array_equal(plain[0], ignored[0]) and np.array_equal(plain[1], ignored[1])
+
+
 def test_inputs_are_not_modified():
     rng = np.random.default_rng()
     x = _inputs(rng, 2, 2, 1, 1, 8, 8, "safe")
