@@ -30,6 +30,7 @@ class StandInBackend:
 
 
 def _stand_in_fla(monkeypatch, version="0.6.0"):
+    monkeypatch.setattr(_fla, "status", _fla.status)  # the real registration's status comes back after
     registered = []
     fla = types.ModuleType("fla")
     fla.__version__ = version
