@@ -166,3 +166,31 @@ def test_from_json_rerenders_a_decode_run(tmp_path, capsys):
     assert main.rerender(args) == 0
     assert "n1024_h96_t1_fp32" in capsys.readouterr().out
     assert "## Decode" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_decode_without_a_gpu_exits_2_before_touching_it(monkeypatch, capsys, tmp_path):
+    from flash_kda_bench import environment
+
+    monkeypatch.setattr(environment, "unmet_requirement", lambda: "needs a GPU; none here.")
+    assert main.main(["--decode", "--decode-heads", "4", "--out-dir", str(tmp_path / "o")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "needs a GPU; none here.\n" and captured.out == ""
+    assert not (tmp_path / "o").exists()
+
+
+def test_decode_run_writes_outputs_and_exit_code(monkeypatch, capsys, tmp_path):
+    """main's --decode flow on a stand-in sweep: outputs written, table printed, exit 1 when a
+    point's check failed."""
+    from flash_kda_bench import environment
+
+    monkeypatch.setattr(environment, "unmet_requirement", lambda: None)
+    monkeypatch.setattr(environment, "collect_meta", lambda: {"gpu": "stand-in", "fla": "0.6.0"})
+    monkeypatch.setattr(environment, "fla_available", lambda: True)
+    results = fake_decode()
+    monkeypatch.setattr(decode, "run_decode_suite", lambda args, meta, on_point=None: results)
+    out = tmp_path / "o"
+    assert main.main(["--decode", "--out-dir", str(out), "--no-plot"]) == 0
+    assert "n1_h32_t1_fp32" in capsys.readouterr().out
+    assert json.loads((out / "results.json").read_text())["decode"] == results["decode"]
+    results["decode"][0]["check"]["passed"] = False
+    assert main.main(["--decode", "--out-dir", str(out), "--no-plot"]) == 1
