@@ -21,11 +21,11 @@ namespace flash_kda {
 /// | v                   | bf16 or fp32  | [B, T, HV, V]  | [1, T_total, HV, V]  |
 /// | g                   | bf16 or fp32  | [B, T, HV, K]  | [1, T_total, HV, K]  |
 /// | beta                | bf16 or fp32  | [B, T, HV]     | [1, T_total, HV]     |
-/// | out                 | bf16 or fp32  | like v         | like v               |
+/// | out                 | bf16 or fp32 (reference: also fp64) | like v | like v    |
 /// | A_log               | fp32          | [HV]           |                      |
 /// | dt_bias             | fp32          | [HV, K] or [HV*K] |                   |
 /// | cu_seqlens          | int32 / int64 | absent         | [N+1]                |
-/// | initial_state       | bf16 or fp32  | with ssm_state_indices: the pool [P, HV, V, K] (VFirst) or [P, HV, K, V]; else [N, HV, ...] |
+/// | initial_state       | bf16 or fp32 (reference: also fp64) | with ssm_state_indices: the pool [P, HV, V, K] (VFirst) or [P, HV, K, V]; else [N, HV, ...] |
 /// | final_state         | like initial_state | with ssm_state_indices: must be initial_state itself (in place); else [N, HV, ...] or absent |
 /// | ssm_state_indices   | int32 / int64 | [N] or [N, T] (fixed length only for [N, T]) |   |
 /// | num_accepted_tokens | int32 / int64 | [N], needs ssm_state_indices of shape [N, T] |   |
