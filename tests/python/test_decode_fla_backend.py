@@ -161,7 +161,7 @@ def _call(N=4, T_=1, H=2, HV=2, K=128, V=128, P=8, **change):
 
 @pytest.fixture
 def gpu_build(monkeypatch):
-    monkeypatch.setattr(flash_kda, "cuda_available", lambda: True)
+    monkeypatch.setattr(_fla, "_kernels", lambda: True)
 
 
 def test_verifier_accepts_a_serving_decode_step(gpu_build):
@@ -208,9 +208,12 @@ def test_verifier_rejects_with_the_reason(gpu_build, change, reason):
 
 
 def test_verifier_rejects_everything_without_the_kernels(monkeypatch):
+    monkeypatch.setattr(_fla, "_kernels_seen", [])
     monkeypatch.setattr(flash_kda, "cuda_available", lambda: False)
     accepted, why = _fla.verify_call(**_call())
     assert not accepted and "no sm_90 kernels" in why
+    monkeypatch.setattr(flash_kda, "cuda_available", lambda: True)  # asked once per process
+    assert not _fla.verify_call(**_call())[0]
 
 
 def test_verifier_rejects_grad_when_torch_tracks_it(gpu_build, monkeypatch):
