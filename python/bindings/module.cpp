@@ -1,9 +1,9 @@
 // flash_kda._core: the nanobind extension. Thin: converts the tensors of a call, in the order
 // of the call table (flash_kda/call_table.h, exported as forward_tensors), from DLPack arrays
 // or, on the fast path, raw descriptions of torch tensors to TensorViews, fills a ForwardArgs
-// and calls the C++ API (include/flash_kda/forward.h). Policy that needs torch (the workspace
-// allocator, the current stream) lives in python/flash_kda/ so this module never links
-// against PyTorch.
+// and calls the C++ API (include/flash_kda/forward.h); the decode call's functions are in
+// decode.cpp. Policy that needs torch (the workspace allocator, the current stream) lives in
+// python/flash_kda/ so this module never links against PyTorch.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "decode_binding.h"
 #include "flash_kda/flash_kda.h"
 #include "tensor_view.h"
 
@@ -212,4 +213,6 @@ NB_MODULE(_core, m) {
         "state_layout"_a, "use_qk_l2norm"_a, "use_beta_sigmoid"_a, "allow_neg_eigval"_a, "num_threads"_a,
         "flash_kda::reference_forward on host DLPack arrays (or None), one per name of forward_tensors; "
         "see flash_kda.reference.");
+
+  bind_decode(m);
 }

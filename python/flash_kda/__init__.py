@@ -4,24 +4,31 @@ The function computed is defined in docs/kda-spec.md (Kimi Linear, arXiv 2510.26
 fla.ops.kda.chunk_kda). Public API:
 
 - :func:`fwd`: MoonshotAI FlashKDA's ``fwd`` call on torch CUDA tensors (sm_90).
+- :func:`fused_recurrent_kda_fwd`, :func:`fused_recurrent_kda`: the decode step over a state
+  pool (T = 1..16 tokens per sequence) with fla 0.6.0's call; also registered with fla's
+  backend registry (operation 'kda') when fla 0.6.x is installed, and as the torch.library op
+  flash_kda::fused_recurrent_kda_fwd.
+- :func:`reference_decode`: the decode's exact fp64 CPU reference.
 - :class:`LaunchOptions`: launch choices fwd may be given instead of the plan's.
 - :func:`reference`: the exact fp64 CPU reference on numpy arrays or torch tensors.
 - :class:`Error`: raised for invalid or unsupported arguments (a ValueError).
 - :func:`cuda_available`, ``__version__``.
 
-The package imports without PyTorch; only :func:`fwd` needs it.
+The package imports without PyTorch; only :func:`fwd` and the decode's GPU functions need it.
 """
 
+_have_torch = True
 try:
     # torch must be loaded before the extension: with flash_kda._core (static CUDA runtime)
     # loaded first, `import torch` crashed on the H200 image (torch 2.11, cu130). The package
     # still imports without torch.
     import torch  # noqa: F401
 except ImportError:
-    pass
+    _have_torch = False
 
 from . import _core  # noqa: E402
 from ._forward import LaunchOptions, fwd
+from ._decode import fused_recurrent_kda, fused_recurrent_kda_fwd, reference_decode
 from ._reference import reference
 
 __version__: str = _core.__version__
@@ -42,4 +49,15 @@ def cuda_available() -> bool:
         return False
 
 
-__all__ = ["Error", "LaunchOptions", "__version__", "cuda_available", "fwd", "reference"]
+if _have_torch:
+    try:
+        from . import _ops  # noqa: F401  (registers the torch.library op flash_kda::fused_recurrent_kda_fwd)
+    except Exception:  # noqa: BLE001 - a torch without torch.library.custom_op: eager calls still work
+        pass
+
+from . import _fla  # noqa: E402
+
+_fla.register()  # never raises; flash_kda._fla.status says whether fla dispatches to the decode
+
+__all__ = ["Error", "LaunchOptions", "__version__", "cuda_available", "fused_recurrent_kda",
+           "fused_recurrent_kda_fwd", "fwd", "reference", "reference_decode"]

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from . import cases as cases_mod
+from . import decode as decode_mod
 
 #: File name of the record the repository keeps (written only with --write-record).
 RECORD_NAME = "BENCHMARK_H200.md"
@@ -40,6 +41,23 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _int_list(text: str) -> list[int]:
+    """Parse "1,8,32" into [1, 8, 32] (integers >= 1, at least one)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(p == "" for p in parts):
+        raise argparse.ArgumentTypeError(f"want comma-separated integers like 1,8,32; got {text!r}")
+    return [_positive_int(p) for p in parts]
+
+
+def _state_list(text: str) -> list[str]:
+    """Parse "fp32,bf16" into ["fp32", "bf16"] (pool dtypes of the decode sweep)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in decode_mod.STATE_BYTES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"want pool dtypes among {', '.join(decode_mod.STATE_BYTES)}; got {text!r}")
+    return names
+
+
 def _names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
@@ -63,6 +81,21 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--batch", type=_positive_int, default=1, help="fixed-length sequences of a custom case")
     shape.add_argument("--state", choices=sorted(cases_mod.STATE_BYTES), default=cases_mod.DEFAULT_STATE,
                        help="initial/final state dtype (default fp32, as the anchors)")
+    dec = p.add_argument_group("decode (--decode: the decode step over a state pool against fla's fused_recurrent_kda_fwd)")
+    dec.add_argument("--decode", action="store_true",
+                     help="run the decode sweep instead of the forward cases (default: every point of the sweep "
+                     "below; each --decode-* flag narrows it)")
+    dec.add_argument("--decode-seqs", type=_int_list, metavar="N,...", default=None,
+                     help="sequences per call (default " + ",".join(map(str, decode_mod.NUM_SEQS)) + ")")
+    dec.add_argument("--decode-heads", type=_int_list, metavar="H,...", default=None,
+                     help="heads H = HV (default " + ",".join(map(str, decode_mod.HEADS)) + ")")
+    dec.add_argument("--decode-tokens", type=_int_list, metavar="T,...", default=None,
+                     help="tokens per sequence, 1..16 (default " + ",".join(map(str, decode_mod.TOKENS)) + ")")
+    dec.add_argument("--decode-states", type=_state_list, metavar="DTYPE,...", default=None,
+                     help="pool dtypes (default " + ",".join(decode_mod.STATES) + ")")
+    dec.add_argument("--check-seqs", type=_positive_int, default=decode_mod.DEFAULT_SAMPLE, metavar="S",
+                     help=f"sequences of each decode point checked against the fp64 reference (default "
+                     f"{decode_mod.DEFAULT_SAMPLE}; all when fewer)")
     run = p.add_argument_group("measurement")
     run.add_argument("--iters", type=_positive_int, default=100, help="timed calls per implementation and mode (default 100)")
     run.add_argument("--warmup", type=_positive_int, default=10, help="untimed calls before timing (default 10)")
@@ -96,6 +129,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    decode_flags = [f for f in ("decode_seqs", "decode_heads", "decode_tokens", "decode_states")
+                    if getattr(args, f) is not None]
+    args.decode_cases = []
+    if not args.decode and decode_flags:
+        parser.error(f"--{decode_flags[0].replace('_', '-')} narrows the decode sweep: give --decode too")
+    if args.decode:
+        if args.layer or args.cases is not None or args.T is not None or args.seqlens is not None \
+                or args.heads is not None or args.batch != 1:
+            parser.error("--decode runs the decode sweep: do not combine it with forward case flags or --layer")
+        if args.num_sms is not None or args.from_json is not None:
+            parser.error("--decode does not take --num-sms or --from-json (re-render a decode run with --from-json alone)")
+        try:
+            args.decode_cases = decode_mod.decode_cases(
+                args.decode_seqs or decode_mod.NUM_SEQS, args.decode_heads or decode_mod.HEADS,
+                args.decode_tokens or decode_mod.TOKENS, args.decode_states or decode_mod.STATES)
+        except ValueError as e:
+            parser.error(str(e))
+        args.cases = []
+        return args
     custom = args.T is not None or args.seqlens is not None
     if args.cases is not None and custom:
         parser.error("--cases selects standard cases; do not combine it with --T/--seqlens")

@@ -19,39 +19,50 @@ FLA_ENV = "FLA_FLASH_KDA"
 
 
 @contextlib.contextmanager
-def fla_flash_kda_backend(enabled: bool) -> Iterator[None]:
-    """Set FLA_FLASH_KDA to "1"/"0" for the block (fla dispatches chunk_kda by it), then restore."""
-    old = os.environ.get(FLA_ENV)
-    os.environ[FLA_ENV] = "1" if enabled else "0"
+def env_switch(name: str, enabled: bool) -> Iterator[None]:
+    """Set the environment variable `name` to "1"/"0" for the block, then restore it (fla's
+    backend registry reads its switches at every dispatch)."""
+    old = os.environ.get(name)
+    os.environ[name] = "1" if enabled else "0"
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(FLA_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[FLA_ENV] = old
+            os.environ[name] = old
+
+
+def fla_flash_kda_backend(enabled: bool):
+    """FLA_FLASH_KDA set to "1"/"0" for the block (fla dispatches chunk_kda by it), then restored."""
+    return env_switch(FLA_ENV, enabled)
 
 
 @contextlib.contextmanager
-def count_flash_kda_calls() -> Iterator[list[int]]:
-    """Count calls of flash_kda.fwd in the block (fla's backend looks fwd up at call time).
+def count_calls(owner, name: str) -> Iterator[list[int]]:
+    """Count calls of owner.<name> in the block (replaced by a counting wrapper, restored after).
 
-    Yields a one-element list holding the count, so callers can tell which path fla took.
-    """
-    import flash_kda
-
-    real = flash_kda.fwd
+    Yields a one-element list holding the count, so callers can tell which path fla took
+    (fla's backends look flash_kda's functions up at call time)."""
+    real = getattr(owner, name)
     calls = [0]
 
     def counted(*a, **kw):
         calls[0] += 1
         return real(*a, **kw)
 
-    flash_kda.fwd = counted
+    setattr(owner, name, counted)
     try:
         yield calls
     finally:
-        flash_kda.fwd = real
+        setattr(owner, name, real)
+
+
+def count_flash_kda_calls():
+    """count_calls of flash_kda.fwd."""
+    import flash_kda
+
+    return count_calls(flash_kda, "fwd")
 
 
 def flash_kda_fn(x: Inputs, num_sms: int | None = None) -> tuple[Callable[[], None], object, object | None]:

@@ -30,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     meta = environment.collect_meta()
     if not environment.fla_available():
         meta["fla"] = "not installed"
-    if args.layer:
+    if args.decode:
+        from . import decode
+
+        results = decode.run_decode_suite(args, meta, on_point=lambda partial: write_partial(partial, args))
+        failed = any(decode.point_failed(r) for r in results["decode"])
+    elif args.layer:
         unmet = environment.fla_layer_unavailable()
         if unmet is not None:
             print(unmet, file=sys.stderr)
@@ -68,7 +73,10 @@ def rerender(args) -> int:
     results.setdefault("meta", {})["rendered"] = f"re-rendered from {args.from_json.name} with --from-json on {now}"
     write_outputs(results, args)
     print(report.format_table(results))
-    failed = any(case_failed(r) for r in results["cases"])
+    from . import decode
+
+    failed = any(case_failed(r) for r in results["cases"]) or any(decode.point_failed(r)
+                                                                  for r in results.get("decode", []))
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -126,7 +134,9 @@ def write_outputs(results: dict, args) -> None:
                 link = str(chart.resolve())
         report.write_markdown(results, args.markdown, link)
         written.append(args.markdown)
-    if args.write_record:
+    if args.write_record and results.get("decode") and not results.get("cases"):
+        write_decode_record(results, cli.repo_root(), written)
+    elif args.write_record:
         root = cli.repo_root()
         record_chart = chart_at(root / cli.RECORD_CHART)
         report.write_markdown(results, root / cli.RECORD_NAME, cli.RECORD_CHART if record_chart else None)
@@ -135,3 +145,24 @@ def write_outputs(results: dict, args) -> None:
         if report.update_readme(root / "README.md", results):
             written.append(root / "README.md")
     print("[flash_kda.bench] wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+
+
+def write_decode_record(results: dict, root, written: list) -> None:
+    """--decode --write-record: the decode points become the `decode` list of the record's
+    BENCHMARK_H200.json (its forward `cases`, meta and chart are kept) and the decode
+    section of BENCHMARK_H200.md, re-rendered from the merged record."""
+    import json
+
+    path = root / cli.RECORD_JSON
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:
+        print(f"[flash_kda.bench] {path} unreadable ({err}): the record gets the decode table alone", file=sys.stderr)
+        record = {"meta": results.get("meta", {}), "cases": []}
+    merged = report.merge_decode(record, results)
+    chart = cli.RECORD_CHART if (root / cli.RECORD_CHART).is_file() and merged.get("cases") else None
+    report.write_markdown(merged, root / cli.RECORD_NAME, chart)
+    report.write_json(merged, path)
+    written += [root / cli.RECORD_NAME, path]

@@ -7,7 +7,12 @@ Pure Python on the dict run_suite returns (no torch), so tests can feed fake res
    "cases": [{"case": Case.to_dict(), "floor_ms", "floor_bytes", "anchor": {flash_kda_ms,
               fla_ms, floor_ms} | None, "times": {"flash_kda"|"fla": {"eager"|"graph":
               {median, min, max, n}}}, "check": check_case dict | None, "errors": {what: msg}}],
-   "layer": layer result | absent}
+   "layer": layer result | absent,
+   "decode": [{"case": DecodeCase.to_dict() (name, num_seqs, heads, T, state, pool_slots, indices),
+               "floor_ms", "floor_bytes", "times": as the cases', "check": {out_err, state_err,
+               fla_out_err, fla_state_err, sampled_seqs, bound, fla_ratio_bound, passed} | None,
+               "errors"}] | absent (python -m flash_kda.bench --decode),
+   "decode_run": {meta, copy_bandwidth, settings} | absent (a record the decode table was merged into)}
 All times are milliseconds.
 """
 
@@ -65,12 +70,13 @@ def geomean_line(results: dict) -> str | None:
     return f"geomean over {n} case(s), eager: {means}"
 
 
-def check_label(r: dict) -> str:
-    """"ok"/"FAIL" with our output error vs the fp64 reference, "error", or "-" when skipped."""
+def check_label(r: dict, keys: tuple[str, ...] = ("out_err",)) -> str:
+    """"ok"/"FAIL" with our errors vs the fp64 reference (the check's `keys`, joined by "/"),
+    "error", or "-" when skipped."""
     c = r.get("check")
     if c is None:
         return "error" if "check" in r.get("errors", {}) else "-"
-    return f"{'ok' if c['passed'] else 'FAIL'} {c['out_err']:.1e}"
+    return f"{'ok' if c.get('passed') else 'FAIL'} " + "/".join(f"{c.get(k, float('nan')):.1e}" for k in keys)
 
 
 def rows(results: dict) -> list[list[str]]:
@@ -97,14 +103,22 @@ def rows(results: dict) -> list[list[str]]:
     return out
 
 
+def _padded(columns: list[str], body: list[list[str]]) -> list[str]:
+    """Header, rule and rows as text lines, each column padded to its widest cell (the first
+    left-aligned, the others right-aligned)."""
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(columns)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return [line(columns), line(["-" * w for w in widths])] + [line(row) for row in body]
+
+
 def format_table(results: dict) -> str:
-    """The plain-text table printed last on stdout (columns padded to width)."""
+    """The plain-text table printed last on stdout (columns padded to width); the decode
+    table for a --decode run."""
+    if results.get("decode") and not results.get("cases"):
+        return format_decode_table(results)
     if not results.get("cases"):
         return format_layer(results["layer"]) if "layer" in results else "no cases were run"
-    body = rows(results)
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(COLUMNS)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    text = [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in body]
+    text = _padded(COLUMNS, rows(results))
     text.append("")
     if (g := geomean_line(results)) is not None:
         text.append(g)
@@ -206,6 +220,7 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
         md += [f"- {line}" for line in notes(results)]
         md += [f"- {line}" for line in _error_lines(results)]
         md += accuracy_section(results)
+    md += decode_markdown(results)
     if "layer" in results:
         md += ["", "## KimiDeltaAttention layer", "", format_layer(results["layer"])]
     if chart:
@@ -286,3 +301,118 @@ def write_markdown(results: dict, path: Path, chart: str | None = None) -> None:
     """Write to_markdown(results, chart) to path (creating the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(to_markdown(results, chart))
+
+
+# --- the decode table (python -m flash_kda.bench --decode) -------------------------------------
+
+DECODE_COLUMNS = [
+    "point", "N", "H", "T", "state", "flash_kda graph us", "flash_kda eager us", "fla graph us",
+    "fla eager us", "speedup vs fla (graph)", "floor us", "x floor (graph)", "check",
+]
+#: The issue's floor target applies where the floor is at least this many milliseconds.
+DECODE_FLOOR_TARGET_MS = 0.030
+#: ... and asks for at most this multiple of it.
+DECODE_FLOOR_RATIO = 1.1
+
+
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+def decode_check_label(r: dict) -> str:
+    """check_label with our out and state errors ("ok 3.0e-03/2.0e-07")."""
+    return check_label(r, ("out_err", "state_err"))
+
+
+def decode_rows(results: dict) -> list[list[str]]:
+    """One row of strings per decode point, in DECODE_COLUMNS order (times in microseconds)."""
+    out = []
+    for r in results.get("decode", []):
+        c = r["case"]
+        ours_g, ours_e = _median(r, "flash_kda", "graph"), _median(r, "flash_kda", "eager")
+        fla_g, fla_e = _median(r, "fla", "graph"), _median(r, "fla", "eager")
+        out.append([c["name"], str(c["num_seqs"]), str(c["heads"]), str(c["T"]), c["state"], _us(ours_g), _us(ours_e),
+                    _us(fla_g), _us(fla_e), _ratio(fla_g, ours_g), _us(r.get("floor_ms")),
+                    _ratio(ours_g, r.get("floor_ms")), decode_check_label(r)])
+    return out
+
+
+def decode_summary(results: dict) -> list[str]:
+    """The issue's targets read off the graph times: points faster than fla, the worst
+    multiple of the floor where the floor is >= 30 us, and the 1 x 32 heads, T = 1 time."""
+    pts = results.get("decode", [])
+    both = [(r, _median(r, "flash_kda", "graph"), _median(r, "fla", "graph")) for r in pts]
+    both = [(r, o, f) for r, o, f in both if o is not None and f is not None]
+    lines = []
+    if both:
+        faster = sum(1 for _, o, f in both if o < f)
+        lines.append(f"faster than fla (CUDA graph): {faster} of {len(both)} points")
+    floored = [(r, _median(r, "flash_kda", "graph") / r["floor_ms"]) for r in pts
+               if r.get("floor_ms", 0) >= DECODE_FLOOR_TARGET_MS and _median(r, "flash_kda", "graph") is not None]
+    if floored:
+        worst, ratio = max(floored, key=lambda p: p[1])
+        within = sum(1 for _, x in floored if x <= DECODE_FLOOR_RATIO)
+        lines.append(f"within {DECODE_FLOOR_RATIO:g}x of the floor where it is >= {DECODE_FLOOR_TARGET_MS * 1e3:.0f} us: "
+                     f"{within} of {len(floored)} points (worst {ratio:.2f}x, {worst['case']['name']})")
+    for r in pts:
+        c = r["case"]
+        if c["num_seqs"] == 1 and c["heads"] == 32 and c["T"] == 1:
+            lines.append(f"1 x 32 heads, T = 1, {c['state']} pool: {_us(_median(r, 'flash_kda', 'graph'))} us (graph)")
+    checked = [r for r in pts if r.get("check")]
+    if checked:
+        ok = sum(1 for r in checked if r["check"].get("passed"))
+        lines.append(f"checks passed: {ok} of {len(checked)} (flash_kda out/state error vs the fp64 reference on "
+                     f"sampled sequences <= {check.REF_BOUND:g} and <= {check.FLA_RATIO_BOUND:g}x fla's)")
+    planned = results.get("planned_decode")
+    if planned is not None and len(pts) < planned:
+        lines.append(f"PARTIAL: {len(pts)} of {planned} decode points finished")
+    return lines
+
+
+def _decode_errors(results: dict) -> list[str]:
+    return [f"{r['case']['name']}: {what} failed: {msg}"
+            for r in results.get("decode", []) for what, msg in r.get("errors", {}).items()]
+
+
+def format_decode_table(results: dict) -> str:
+    """The plain-text decode table with its summary lines."""
+    text = _padded(DECODE_COLUMNS, decode_rows(results)) + [""]
+    text += decode_summary(results) + [DECODE_NOTE] + _decode_errors(results)
+    return "\n".join(text)
+
+
+#: How to read the decode table.
+DECODE_NOTE = ("decode: N sequences of T tokens over a pool ([N] slot indices for T = 1, [N, T] for T > 1), "
+               "K = V = 128, bf16 inputs, safe gate; times are medians (us); floor = state read + writes + "
+               "inputs at the measured copy bandwidth; fla is fused_recurrent_kda_fwd (Triton) in the same run")
+
+
+def decode_markdown(results: dict) -> list[str]:
+    """The Markdown decode section (empty without decode points). With a merged record the
+    decode run's own metadata (decode_run) is listed, as it differs from the forward's."""
+    if not results.get("decode"):
+        return []
+    run = results.get("decode_run", results)
+    m = run.get("meta", {})
+    md = ["", "## Decode (`python -m flash_kda.bench --decode`)", ""]
+    for key in ("gpu", "torch", "triton", "fla", "flash_kda", "date"):
+        if key in m:
+            md.append(f"- {key}: {m[key]}")
+    if run.get("copy_bandwidth"):
+        md.append(f"- device-to-device copy bandwidth (this run): {run['copy_bandwidth'] / 1e12:.2f} TB/s")
+    md += ["", "| " + " | ".join(DECODE_COLUMNS) + " |",
+           "|" + "|".join(["---"] + ["---:"] * (len(DECODE_COLUMNS) - 1)) + "|"]
+    md += ["| " + " | ".join(row) + " |" for row in decode_rows(results)]
+    md += [""] + [f"- {line}" for line in decode_summary(results) + [DECODE_NOTE] + _decode_errors(results)]
+    return md
+
+
+def merge_decode(record: dict, decode_results: dict) -> dict:
+    """The record with the decode run's points as its top-level `decode` list and the decode
+    run's meta, copy bandwidth and settings as `decode_run`; the forward `cases` are kept."""
+    merged = dict(record)
+    merged.setdefault("cases", [])
+    merged["decode"] = decode_results.get("decode", [])
+    merged["decode_run"] = {key: decode_results[key] for key in ("meta", "copy_bandwidth", "settings", "planned_decode")
+                            if key in decode_results}
+    return merged

@@ -1,0 +1,292 @@
+"""flash_kda's decode as a backend of flash-linear-attention 0.6.x.
+
+When fla 0.6.x is installed, importing flash_kda registers its backend (FlashKDADecodeBackend)
+for fla's operation 'kda' through fla's public registry (fla.backends.register), at once when
+fla is already imported, else as soon as fla.backends is (see register): fla's own
+fused_recurrent_kda_fwd (decorated ``@dispatch('kda')``) and everything built on it
+(fused_recurrent_kda, fla's KDA layer in decode) then run flash_kda's decode for the calls the
+backend's verifier accepts, and fla's Triton kernel for the rest (fla logs the verifier's
+reason once per process). FLA_FLASH_KDA_DECODE=0, read by fla at every dispatch, turns the
+backend off.
+
+Registration never raises: without fla, with another fla version, or on any error, importing
+flash_kda still works and :data:`status` says why nothing was registered.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import threading
+
+logger = logging.getLogger(__name__)
+
+#: fla versions whose fused_recurrent_kda_fwd signature and registry this backend follows.
+SUPPORTED_FLA = "0.6."
+#: The environment variable fla reads to enable or disable this backend ("0": off).
+ENV_VAR = "FLA_FLASH_KDA_DECODE"
+#: The backend's type in fla's registry (distinct from fla's own "flash_kda" chunk backend,
+#: whose FLA_FLASH_KDA switch would otherwise also force this one on).
+BACKEND_TYPE = "flash_kda_decode"
+#: The operation whose registry fla's fused_recurrent_kda_fwd dispatches through.
+OPERATION = "kda"
+
+#: "registered", "pending: ..." (fla installed, not imported yet), or why the backend was not
+#: registered (fla absent, another version, an error).
+status: str = "not attempted"
+
+_local = threading.local()
+
+
+#: str() of the torch dtypes the decode reads and writes (compared as names, so that the
+#: verifier's decisions can be tested on stand-in tensors without torch).
+_FLOATS = ("torch.bfloat16", "torch.float32")
+
+
+def _is_cuda_tensor(t) -> bool:
+    """A torch tensor (or a stand-in with its attributes) on a CUDA device. is_cuda is all
+    that is read: the verifier runs before every dispatched decode step, a few microseconds
+    of GPU time, so it reads as little as it can."""
+    return getattr(t, "is_cuda", False) is True
+
+
+def _grad_enabled() -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.is_grad_enabled()
+
+
+_kernels_seen: list[bool] = []
+
+
+def _kernels() -> bool:
+    """flash_kda.cuda_available(), asked once per process (a device does not appear or change
+    its architecture while a process runs)."""
+    if not _kernels_seen:
+        import flash_kda
+
+        _kernels_seen.append(bool(flash_kda.cuda_available()))
+    return _kernels_seen[0]
+
+
+def _reject(reason: str) -> tuple[bool, str]:
+    return False, f"flash_kda decode: {reason}"
+
+
+def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
+                output_final_state=False, inplace_final_state=True, state_v_first=False, cu_seqlens=None,
+                ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=False,
+                use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                lower_bound=None, out=None, **kwargs) -> tuple[bool, str | None]:
+    """(True, None) when flash_kda's decode serves this fused_recurrent_kda_fwd call, else
+    (False, the reason). Reads shapes, dtypes and devices only (never tensor data: no sync).
+    A fixed-length batch may have up to 16 tokens per sequence; varlen sequences any number
+    (the kernel runs them in rounds of tokens)."""
+    if getattr(_local, "fallback", False):
+        return _reject("a call flash_kda handed back to fla")
+    if kwargs:
+        return _reject(f"unknown keyword(s) {', '.join(sorted(kwargs))}")
+    if not _kernels():
+        return _reject("this flash_kda build has no sm_90 kernels or no sm_90 GPU is visible")
+    named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    for name, t in named.items():
+        if not _is_cuda_tensor(t):
+            return _reject(f"{name} must be a CUDA tensor")
+        if str(t.dtype) not in _FLOATS:
+            return _reject(f"{name} must be bf16 or fp32, got {t.dtype}")
+    optional = {"A_log": A_log, "dt_bias": dt_bias, "initial_state": initial_state, "cu_seqlens": cu_seqlens,
+                "ssm_state_indices": ssm_state_indices, "num_accepted_tokens": num_accepted_tokens, "out": out}
+    for name, t in optional.items():
+        if t is not None and not _is_cuda_tensor(t):
+            return _reject(f"{name} must be a CUDA tensor or None")
+    if _grad_enabled() and any(t is not None and t.requires_grad for t in (*named.values(), *optional.values())):
+        return _reject("inference only (an input requires grad)")
+    if q.ndim != 4 or v.ndim != 4:
+        return _reject("q and v must be 4-d")
+    if q.shape[-1] != 128 or v.shape[-1] != 128:
+        return _reject(f"needs K = V = 128, got K = {q.shape[-1]}, V = {v.shape[-1]}")
+    if beta.ndim != 3:
+        return _reject("needs beta [B, T, HV] (headwise beta is not served)")
+    if v.shape[2] % q.shape[2] != 0:
+        return _reject(f"value heads HV = {v.shape[2]} must be a multiple of H = {q.shape[2]}")
+    if initial_state is not None and str(initial_state.dtype) not in _FLOATS:
+        return _reject(f"initial_state must be bf16 or fp32, got {initial_state.dtype}")
+    if out is not None and (tuple(out.shape) != tuple(v.shape) or str(out.dtype) not in _FLOATS):
+        return _reject("out must be bf16 or fp32 of v's shape")
+    if cu_seqlens is None and q.shape[1] > 16:
+        return _reject(f"at most 16 tokens per sequence in a fixed-length batch, got T = {q.shape[1]}")
+    if inplace_final_state and initial_state is None:
+        return _reject("inplace_final_state without initial_state")
+    if ssm_state_indices is not None:
+        if not inplace_final_state:
+            return _reject("ssm_state_indices needs inplace_final_state=True")
+        if ssm_state_indices.ndim == 2 and cu_seqlens is not None:
+            return _reject("[N, T] ssm_state_indices with cu_seqlens")
+    if num_accepted_tokens is not None and (ssm_state_indices is None or ssm_state_indices.ndim != 2):
+        return _reject("num_accepted_tokens needs [N, T] ssm_state_indices")
+    if use_gate_in_kernel and lower_bound is None and A_log is None:
+        return _reject("the softplus gate needs A_log")
+    return True, None
+
+
+def decode_call(*args, **kwargs):
+    """The backend's implementation: flash_kda.fused_recurrent_kda_fwd (looked up at call time,
+    so a wrapper installed on it sees fla's calls). A call the C++ validation rejects (a case
+    the verifier cannot see from shapes, e.g. a misaligned view) runs fla's own Triton
+    function instead; nothing was written by the rejected call."""
+    import flash_kda
+
+    try:
+        return flash_kda.fused_recurrent_kda_fwd(*args, **kwargs)
+    except flash_kda.Error as err:
+        fallback = _fla_triton_function()
+        if fallback is None:
+            raise
+        logger.info("flash_kda decode handed a call back to fla: %s", err)
+        _local.fallback = True
+        try:
+            return fallback(*args, **kwargs)
+        finally:
+            _local.fallback = False
+
+
+def _fla_triton_function():
+    """fla's undecorated fused_recurrent_kda_fwd (behind its dispatch wrapper), or None."""
+    import inspect
+
+    try:
+        from fla.ops.kda import fused_recurrent
+    except Exception:  # noqa: BLE001 - no fallback then; the caller re-raises our error
+        return None
+    return inspect.unwrap(fused_recurrent.fused_recurrent_kda_fwd)
+
+
+def _fla_version() -> str | None:
+    """fla's version from the installed distribution's metadata (no import), else None."""
+    for dist in ("fla-core", "flash-linear-attention"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def register() -> str:
+    """Register the backend with fla 0.6.x; sets and returns :data:`status`. Never raises.
+
+    fla is not imported here (with flash-linear-attention installed, importing fla loads its
+    layers and models, seconds of work `import flash_kda` should not pay): when fla.backends is
+    already imported the backend is registered at once; otherwise, if fla is installed, an
+    import hook registers it right after fla.backends is first imported (fla's
+    fused_recurrent_kda_fwd imports it to dispatch, so the backend is there before any call).
+    """
+    global status
+    try:
+        status = _register()
+    except Exception as err:  # noqa: BLE001 - importing flash_kda must never fail because of fla
+        status = f"not registered: {type(err).__name__}: {err}"
+    return status
+
+
+def _register() -> str:
+    import importlib.util
+    import sys
+
+    if sys.modules.get("fla.backends") is not None:
+        return _register_with(sys.modules["fla.backends"])
+    if sys.modules.get("fla", False) is None or importlib.util.find_spec("fla") is None:
+        return "not registered: fla is not installed"
+    version = _fla_version()
+    if version is not None and not version.startswith(SUPPORTED_FLA):
+        return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
+    if not any(isinstance(f, _AfterFlaBackends) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterFlaBackends())
+    return "pending: registers when fla.backends is imported"
+
+
+def _register_with(backends) -> str:
+    """Register on the imported fla.backends module, after checking fla's version."""
+    import sys
+
+    version = getattr(sys.modules.get("fla"), "__version__", None)
+    if version is None:
+        return "not registered: the importable fla has no version (not flash-linear-attention's package?)"
+    if not str(version).startswith(SUPPORTED_FLA):
+        return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
+    backends.register(OPERATION)(_backend_class(backends.BaseBackend))
+    return "registered"
+
+
+def _after_import(module) -> None:
+    """Run by the import hook once fla.backends has executed."""
+    global status
+    try:
+        status = _register_with(module)
+    except Exception as err:  # noqa: BLE001 - fla's import must not fail because of flash_kda
+        status = f"not registered: {type(err).__name__}: {err}"
+
+
+class _AfterFlaBackends:
+    """A sys.meta_path finder that lets the normal finders locate fla.backends and wraps its
+    loader so that the backend is registered right after the module executes; it removes
+    itself then."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        import importlib.util
+        import sys
+
+        if fullname != "fla.backends" or getattr(_local, "finding", False):
+            return None
+        _local.finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            _local.finding = False
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _RegisteringLoader(spec.loader)
+        return spec
+
+
+class _RegisteringLoader:
+    """fla.backends' own loader, with the registration after its exec_module."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _after_import(module)
+
+    def __getattr__(self, name):  # get_source, is_package, ...: the real loader's
+        return getattr(self._loader, name)
+
+
+def _backend_class(base):
+    """The backend class on fla's BaseBackend: fla finds the implementation and the verifier
+    by the dispatched function's name (fused_recurrent_kda_fwd, fused_recurrent_kda_fwd_verifier)."""
+
+    class FlashKDADecodeBackend(base):
+        """flash_kda's sm_90 decode for fla's fused_recurrent_kda_fwd (inference only, K = V =
+        128, at most 16 tokens per sequence of a fixed-length batch); FLA_FLASH_KDA_DECODE=0
+        turns it off."""
+
+        backend_type = BACKEND_TYPE
+        package_name = "flash_kda"
+        env_var = ENV_VAR
+        default_enable = True
+        priority = 3
+
+        def fused_recurrent_kda_fwd_verifier(self, *args, **kwargs):
+            return verify_call(*args, **kwargs)
+
+        def fused_recurrent_kda_fwd(self, *args, **kwargs):
+            return decode_call(*args, **kwargs)
+
+    return FlashKDADecodeBackend
