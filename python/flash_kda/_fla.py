@@ -6,8 +6,10 @@ fla is already imported, else as soon as fla.backends is (see register): fla's o
 fused_recurrent_kda_fwd (decorated ``@dispatch('kda')``) and everything built on it
 (fused_recurrent_kda, fla's KDA layer in decode) then run flash_kda's decode for the calls the
 backend's verifier accepts, and fla's Triton kernel for the rest (fla logs the verifier's
-reason once per process). FLA_FLASH_KDA_DECODE=0, read by fla at every dispatch, turns the
-backend off.
+reason once per process) once the backend is enabled: FLA_FLASH_KDA_DECODE=1, read by fla at
+every dispatch. It is off by default because the decode kernel is slower than fla's Triton
+kernel at most points of the decode sweep on the H200 (docs/performance.md, "Decode"), and
+installing flash_kda must never slow a working fla call down.
 
 Registration never raises: without fla, with another fla version, or on any error, importing
 flash_kda still works and :data:`status` says why nothing was registered.
@@ -274,13 +276,13 @@ def _backend_class(base):
 
     class FlashKDADecodeBackend(base):
         """flash_kda's sm_90 decode for fla's fused_recurrent_kda_fwd (inference only, K = V =
-        128, at most 16 tokens per sequence of a fixed-length batch); FLA_FLASH_KDA_DECODE=0
-        turns it off."""
+        128, at most 16 tokens per sequence of a fixed-length batch); off unless
+        FLA_FLASH_KDA_DECODE=1 (see the module docstring)."""
 
         backend_type = BACKEND_TYPE
         package_name = "flash_kda"
         env_var = ENV_VAR
-        default_enable = True
+        default_enable = False
         priority = 3
 
         def fused_recurrent_kda_fwd_verifier(self, *args, **kwargs):

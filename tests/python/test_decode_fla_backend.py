@@ -60,6 +60,8 @@ def test_registers_for_operation_kda_with_its_switch(monkeypatch):
     assert operation == "kda"
     assert issubclass(cls, StandInBackend)
     assert (cls.backend_type, cls.env_var, cls.package_name) == ("flash_kda_decode", "FLA_FLASH_KDA_DECODE", "flash_kda")
+    # Opt-in: fla's own decode stays the default while ours is slower (FLA_FLASH_KDA_DECODE=1).
+    assert cls.default_enable is False
     backend = cls()
     # fla finds both by the dispatched function's name.
     assert callable(backend.fused_recurrent_kda_fwd) and callable(backend.fused_recurrent_kda_fwd_verifier)

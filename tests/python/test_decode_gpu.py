@@ -22,6 +22,9 @@ pytestmark = pytest.mark.cuda_sm90
 K = V = 128
 BOUND = 1e-2
 FLA_SLACK = 1.02
+# fp32's unit roundoff: an fp32 pool's error against fp64 is a few of these for ours and fla's
+# alike (they differ only in the order of fp32 sums), so "at most fla's" holds to within it.
+FP32_ROUNDOFF = 2.0 ** -24
 GATES = {
     "safe": dict(use_gate_in_kernel=True, lower_bound=-5.0),
     "softplus": dict(use_gate_in_kernel=True, lower_bound=None),
@@ -177,7 +180,7 @@ def _check(kw, valid, *, compare_fla=True):
         result["fla_out"] = _rel(f_out, ref_out[sel])
         result["fla_state"] = _rel(f_pool, ref_pool)
         assert e_out <= FLA_SLACK * result["fla_out"] + 1e-7, result
-        assert e_state <= FLA_SLACK * result["fla_state"] + 1e-9, result
+        assert e_state <= FLA_SLACK * result["fla_state"] + FP32_ROUNDOFF, result
     return result
 
 
@@ -378,10 +381,10 @@ def test_fla_dispatches_to_flash_kda_and_falls_back(cuda_sm90, monkeypatch):
         assert _rel(out, ref_out) <= BOUND and _rel(pool, ref_pool) <= BOUND
         # K = 64: the verifier rejects it and fla's Triton path runs (our function is not called)
         small = _k64(kw)
+        ref64, _ = _reference(small)  # before fla's call, which updates small's pool in place
         out64, _ = fla_fwd(**small)
         torch.cuda.synchronize()
         assert calls[0] == 1
-        ref64, _ = _reference(small)
         assert _rel(out64, ref64) <= BOUND
     with _count_ours(monkeypatch) as calls, torch.inference_mode(), _fla_dispatch(False):
         fla_fwd(**dict(kw, initial_state=kw["initial_state"].clone()))
