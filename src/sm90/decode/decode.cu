@@ -28,11 +28,11 @@
 //   dependent chain before them is the slot index (and num_accepted_tokens) for pool calls.
 // - Pool semantics: the start slot decides a skip (negative or >= P: zero rows of out, no state
 //   access); with [N, T] indices each token's state goes to its own slot when that is valid.
-// Expected: the floor's bytes exactly (one read + one write of each state, T writes with
-// [N, T]); registers allow 3 blocks of 4 warps per SM for v-first (<= 148 registers), 4 for
-// k-first (<= 128), i.e. 48 / 64 KB of fp32 state loads in flight per SM, above the ~36 KB
-// that 4.8 TB/s x ~1 us needs, so large calls should run near a copy kernel's bandwidth (each
-// block loads, computes, then stores: the gaps are covered by the other resident blocks).
+// Bytes: the floor's exactly (one read + one write of each state, T writes with [N, T]);
+// registers allow 3 blocks of 4 warps per SM for v-first (<= 148 registers), 4 for k-first
+// (<= 128). Measured on the H200 this runs at 1.5-2.7x the floor at large N, slower than fla's
+// Triton kernel at most points: each block loads, computes, then stores, and the resident
+// blocks do not cover those gaps (docs/performance.md, "Decode", with the levers).
 // Small calls (1 x 32 heads) are a single launch of ~3 dependent memory round trips (index,
 // state, store).
 // Modes: layout and pool dtype are template parameters (they shape the fragment), and so is
