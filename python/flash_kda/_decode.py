@@ -10,7 +10,6 @@ is made.
 
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,9 +31,14 @@ if TYPE_CHECKING:
 #: without torch or without torch.library.custom_op).
 _traced = None
 
-# The call's tensors in the order of _core.decode_tensors; the functions below name their
-# locals after them, so one itemgetter over locals() builds the tuple _core takes.
-_pick_tensors = operator.itemgetter(*_core.decode_tensors)
+# The call's tensors in the order of the binding's decode table (_core.decode_tensors): the
+# functions below build their tuples in this order (no locals() per call, as in _forward.py),
+# and the import fails if the binding's order differs.
+DECODE_TENSORS = ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "cu_seqlens", "initial_state",
+                  "final_state", "ssm_state_indices", "num_accepted_tokens")
+if tuple(_core.decode_tensors) != DECODE_TENSORS:
+    raise ImportError(f"flash_kda._core's decode table {tuple(_core.decode_tensors)} does not match the Python "
+                      f"package's {DECODE_TENSORS}: the package and its extension are from different builds")
 _GATES = _core.decode_gates
 
 
@@ -239,7 +243,8 @@ def run_decode(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state,
                ssm_state_indices, num_accepted_tokens, settings, torch) -> None:
     """_core.decode_raw on the current stream of q's device (the DLPack path when some
     argument is not a torch tensor, so that the binding names it)."""
-    tensors = _pick_tensors(locals())
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
+               ssm_state_indices, num_accepted_tokens)
     _grad_check(torch, tensors)
     device = getattr(q, "device", None)
     stream = _current_raw_stream(torch, device) if getattr(device, "type", None) == "cuda" else 0
@@ -393,5 +398,7 @@ def reference_decode(
             kd, vd = _dims(q)[3], _dims(v)[3]
             dims = (vd, kd) if settings[1] else (kd, vd)
             final_state = np.empty((max(n, 0), _dims(v)[2], *dims), dtype=np.float64)
-    _core.reference_decode(_pick_tensors(locals()), settings, int(num_threads))
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
+               ssm_state_indices, num_accepted_tokens)
+    _core.reference_decode(tensors, settings, int(num_threads))
     return out, final_state
