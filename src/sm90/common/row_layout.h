@@ -1,0 +1,36 @@
+// Addressing of the per-token tensors (q, k, v, g, beta, out) of a call: [B, T, heads, D] for
+// fixed length or [1, T_total, heads, D] for varlen, with any batch, token and head strides and
+// a contiguous last dimension. The kernels see tokens on the flattened token axis of SeqIndex
+// (sequence n's tokens start at n*T, fixed length; at cu_seqlens[n], varlen); a RowLayout turns
+// (sequence, flat token, head) into the byte offset of that row, so views of a fused projection
+// or of a larger buffer are read in place, without a copy.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FKDA_ROW_FN __host__ __device__ __forceinline__ constexpr
+#else
+#define FKDA_ROW_FN constexpr
+#endif
+
+namespace flash_kda::sm90 {
+
+/// Byte strides of one per-token tensor. For fixed length, the row of flat token t of sequence
+/// n (t in [n*T, (n+1)*T)) is at n * seq_stride + (t - n*T) * token_stride; for varlen (B = 1)
+/// seq_stride = seq_tokens = 0 and it is at t * token_stride. Head h adds h * head_stride.
+struct RowLayout {
+  int64_t seq_stride = 0;    ///< bytes between batch entries (fixed length); 0 for varlen
+  int64_t seq_tokens = 0;    ///< T (fixed length); 0 for varlen
+  int64_t token_stride = 0;  ///< bytes between consecutive tokens
+  int64_t head_stride = 0;   ///< bytes between consecutive heads
+
+  /// Byte offset of (sequence n, flat token t, head h).
+  FKDA_ROW_FN int64_t offset(int64_t n, int64_t t, int64_t h) const {
+    return n * seq_stride + (t - n * seq_tokens) * token_stride + h * head_stride;
+  }
+};
+
+}  // namespace flash_kda::sm90
+
+#undef FKDA_ROW_FN
