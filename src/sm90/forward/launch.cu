@@ -7,12 +7,28 @@
 
 #include "sm90/common/cuda_check.h"
 #include "sm90/common/device_props.h"
+#include "sm90/common/row_layout.h"
 #include "sm90/forward/kernels.h"
 #include "sm90/forward/launch.h"
 #include "sm90/forward/params.h"
 #include "sm90/forward/plan.h"
 
 namespace flash_kda::sm90 {
+namespace {
+
+// The byte strides of a validated per-token tensor ([B, T, heads, D] or [B, T, HV] for beta;
+// row_layout.h): the head dimension is dimension 2 in both.
+RowLayout row_layout(const TensorView& t, const ProblemShape& p) {
+  const int64_t es = dtype_size(t.dtype);
+  RowLayout r;
+  r.seq_stride = p.varlen ? 0 : t.strides[0] * es;
+  r.seq_tokens = p.varlen ? 0 : p.seqlen;
+  r.token_stride = t.strides[1] * es;
+  r.head_stride = t.strides[2] * es;
+  return r;
+}
+
+}  // namespace
 
 size_t workspace_bytes(const ProblemShape& p, const LaunchOptions& options) {
   return workspace_layout(p, options).total;
