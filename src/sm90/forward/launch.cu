@@ -18,7 +18,7 @@ namespace {
 
 // The byte strides of a validated per-token tensor ([B, T, heads, D] or [B, T, HV] for beta;
 // row_layout.h): the head dimension is dimension 2 in both.
-RowLayout row_layout(const TensorView& t, const ProblemShape& p) {
+[[maybe_unused]] RowLayout row_layout(const TensorView& t, const ProblemShape& p) {
   const int64_t es = dtype_size(t.dtype);
   RowLayout r;
   r.seq_stride = p.varlen ? 0 : t.strides[0] * es;
