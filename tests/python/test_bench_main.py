@@ -160,7 +160,8 @@ def _check_with(monkeypatch, ours, fla_call, dispatched=0):
     monkeypatch.setattr(impls, "count_flash_kda_calls", counter)
     result = {"errors": {}, "check": None}
     fla_res = {"out": _Buffers(), "final_state": None}
-    kept = suite._check(None, ours, _Buffers(), None, fla_call, fla_res, result)
+    outputs = (_Buffers(), None)
+    kept = suite._check(None, ours, lambda: outputs, fla_call, fla_res, result)
     return result, kept, seen, fla_res
 
 

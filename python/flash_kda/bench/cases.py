@@ -1,8 +1,11 @@
 """Benchmark cases: the standard 13-case suite and cases built from command-line flags.
 
-A case is one forward call shape. Fixed length: `batch` sequences of `T` tokens, tensors
-[batch, T, H, 128], no cu_seqlens. Varlen: `seqlens` packed into [1, sum(seqlens), H, 128]
-with cu_seqlens = [0, cumsum(seqlens)]. K = V = 128 and HV = H (FlashKDA's configuration).
+A case is one forward call shape and its variant. Fixed length: `batch` sequences of `T`
+tokens, tensors [batch, T, H, 128], no cu_seqlens. Varlen: `seqlens` packed into
+[1, sum(seqlens), H, 128] with cu_seqlens = [0, cumsum(seqlens)]. K = V = 128 and HV = H
+(FlashKDA's configuration). The variant: the gate (safe, softplus or pre-computed), the state
+layout, the initial and final state dtypes, and whether q, k, v are views of one fused
+projection (strided).
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ STATE_BYTES = {"none": 0, "bf16": 2, "fp32": 4}
 #: Default --state: the anchors were measured with fp32 initial and final states.
 DEFAULT_STATE = "fp32"
 
+#: --gate choices: the safe gate lower_bound * sigmoid(exp(A_log) (g + dt_bias)) (FlashKDA's);
+#: the softplus gate -exp(A_log) softplus(g + dt_bias) (fla's KimiDeltaAttention default, the
+#: released Kimi-Linear-48B); "pre": g is that softplus decay computed beforehand (fp32), passed
+#: with use_gate_in_kernel=False.
+GATES = ("safe", "softplus", "pre")
+#: --state-layout choices: [N, HV, V, K] (FlashKDA, state_v_first=True) or [N, HV, K, V] (fla's default).
+STATE_LAYOUTS = ("v_first", "k_first")
+
 
 @dataclass(frozen=True)
 class Case:
@@ -29,8 +40,15 @@ class Case:
         T: tokens per sequence for fixed-length cases (ignored when seqlens is given).
         batch: B, number of fixed-length sequences (1 for varlen).
         seqlens: varlen sequence lengths (packed with cu_seqlens), or None for fixed length.
-        state: "none", "bf16" or "fp32": dtype of initial_state and final_state [N, H, V, K].
+        state: "none", "bf16" or "fp32": dtype of initial_state [N, H, V, K] (and of
+            final_state unless state_out says otherwise).
         head_dim_k, head_dim_v: K and V (128 for every flash_kda kernel today).
+        gate: one of GATES.
+        state_layout: one of STATE_LAYOUTS.
+        state_out: dtype of final_state ("bf16" or "fp32") when it differs from state's; None:
+            the same.
+        strided: q, k and v are views of one fused [B, T, 3, H, K] projection (token stride
+            3 H K) instead of separate contiguous tensors.
     """
 
     name: str
@@ -41,6 +59,36 @@ class Case:
     state: str = DEFAULT_STATE
     head_dim_k: int = 128
     head_dim_v: int = 128
+    gate: str = "safe"
+    state_layout: str = "v_first"
+    state_out: str | None = None
+    strided: bool = False
+
+    @property
+    def final_state_dtype(self) -> str:
+        """dtype of final_state: state_out, else state ("none": no state at all)."""
+        return self.state if self.state == "none" or self.state_out is None else self.state_out
+
+    @property
+    def plain(self) -> bool:
+        """True for FlashKDA's own configuration (safe gate, v-first, one state dtype,
+        contiguous inputs): the variant of the anchors and of the README's table."""
+        return (self.gate == "safe" and self.state_layout == "v_first" and self.final_state_dtype == self.state
+                and not self.strided)
+
+    def variant_label(self) -> str:
+        """The variant in words ("softplus gate, k-first, bf16 -> fp32 states, strided q/k/v"),
+        for section titles."""
+        parts = [f"{self.gate} gate", self.state_layout.replace("_", "-") + " states"]
+        if self.state == "none":
+            parts[-1] = "no state"
+        elif self.final_state_dtype != self.state:
+            parts.append(f"{self.state} -> {self.final_state_dtype} states")
+        else:
+            parts.append(f"{self.state} states")
+        if self.strided:
+            parts.append("strided q/k/v (views of a fused projection)")
+        return ", ".join(parts)
 
     @property
     def varlen(self) -> bool:
@@ -78,18 +126,22 @@ class Case:
 def hbm_floor_bytes(case: Case) -> int:
     """Fewest bytes one forward must move through HBM for `case`.
 
-    Reads q, k (T_total*H*K bf16 each), v (T_total*HV*V bf16), g (T_total*HV*K bf16),
-    beta (T_total*HV bf16), A_log (HV fp32), dt_bias (HV*K fp32) and initial_state
-    (N*HV*V*K); writes out (T_total*HV*V bf16) and final_state (N*HV*V*K). State bytes per
-    element follow case.state (0 when "none"). cu_seqlens is negligible and not counted.
-    This is the byte count anchors-h200.md divides by the copy bandwidth.
+    Reads q, k (T_total*H*K bf16 each), v (T_total*HV*V bf16), g (T_total*HV*K: bf16, fp32 for
+    the pre-computed gate), beta (T_total*HV bf16), A_log (HV fp32), dt_bias (HV*K fp32; neither
+    for the pre-computed gate) and initial_state (N*HV*V*K); writes out (T_total*HV*V bf16) and
+    final_state (N*HV*V*K). State bytes per element follow case.state and
+    case.final_state_dtype (0 when "none"). cu_seqlens is negligible and not counted. This is
+    the byte count anchors-h200.md divides by the copy bandwidth; strided views move the same
+    bytes.
     """
     t, h, k, v = case.total_tokens, case.heads, case.head_dim_k, case.head_dim_v
     bf16, fp32 = 2, 4
-    activations = t * h * (k + k + v + k + v) * bf16  # q, k, v, g read; out written
+    g_bytes = fp32 if case.gate == "pre" else bf16
+    activations = t * h * (k + k + v + v) * bf16 + t * h * k * g_bytes  # q, k, v, g read; out written
     beta = t * h * bf16
-    gate_params = h * fp32 + h * k * fp32  # A_log, dt_bias
-    states = 2 * case.num_seqs * h * v * k * STATE_BYTES[case.state]  # initial read + final written
+    gate_params = 0 if case.gate == "pre" else h * fp32 + h * k * fp32  # A_log, dt_bias
+    state_elems = case.num_seqs * h * v * k
+    states = state_elems * (STATE_BYTES[case.state] + STATE_BYTES[case.final_state_dtype])  # read + written
     return activations + beta + gate_params + states
 
 

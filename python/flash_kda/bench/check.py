@@ -78,20 +78,29 @@ def rel_err(x, ref) -> float:
     return combine_head_errors([num], [den])["err"]
 
 
+#: flash_kda.reference's name of each bench gate (cases.GATES).
+REFERENCE_GATE = {"safe": "safe", "softplus": "softplus", "pre": "none"}
+
+
 def reference_on_device(x):
     """flash_kda.reference on every head of Inputs x, moved to x.q's device as float64 tensors.
 
-    Returns (out [B, T, H, V], final_state [N, H, V, K] or None when the case has no state).
+    The gate and state layout are x.case's (the safe gate and v-first without a case).
+    Returns (out [B, T, H, V], final_state [N, H, V, K] ([N, H, K, V] k-first) or None when the
+    case has no state).
     """
     import torch
     import flash_kda
 
     with_state = x.initial_state is not None
+    case = x.case
+    gate = "safe" if case is None else case.gate
     out, fs = flash_kda.reference(
         x.q, x.k, x.v, x.g, x.beta,
-        scale=x.scale, A_log=x.A_log, dt_bias=x.dt_bias,
-        lower_bound=x.lower_bound, gate="safe", use_qk_l2norm=True, use_beta_sigmoid=True,
-        initial_state=x.initial_state, cu_seqlens=x.cu_seqlens_cpu, state_layout="v_first",
+        scale=x.scale, A_log=None if gate == "pre" else x.A_log, dt_bias=None if gate == "pre" else x.dt_bias,
+        lower_bound=x.lower_bound, gate=REFERENCE_GATE[gate], use_qk_l2norm=True, use_beta_sigmoid=True,
+        initial_state=x.initial_state, cu_seqlens=x.cu_seqlens_cpu,
+        state_layout="v_first" if case is None else case.state_layout,
         output_final_state=with_state,
     )
     device = x.q.device

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from . import cases as cases_mod
@@ -58,6 +59,23 @@ def _state_list(text: str) -> list[str]:
     return names
 
 
+def _gate_list(text: str) -> list[str]:
+    """Parse "safe,softplus" into ["safe", "softplus"] (cases.GATES, each at most once)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in cases_mod.GATES]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"want distinct gates among {', '.join(cases_mod.GATES)}; got {text!r}")
+    return names
+
+
+def _state_dtypes(text: str) -> tuple[str, str]:
+    """Parse "bf16,fp32" into ("bf16", "fp32"): initial_state's dtype, then final_state's."""
+    names = [n.strip() for n in text.split(",")]
+    if len(names) != 2 or any(n not in ("bf16", "fp32") for n in names):
+        raise argparse.ArgumentTypeError(f"want IN,OUT with each bf16 or fp32 (initial, final state); got {text!r}")
+    return names[0], names[1]
+
+
 def _names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
@@ -81,6 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--batch", type=_positive_int, default=1, help="fixed-length sequences of a custom case")
     shape.add_argument("--state", choices=sorted(cases_mod.STATE_BYTES), default=cases_mod.DEFAULT_STATE,
                        help="initial/final state dtype (default fp32, as the anchors)")
+    var = p.add_argument_group("variant of every forward case (default: FlashKDA's configuration)")
+    var.add_argument("--gate", type=_gate_list, default=["safe"], metavar="GATE,...",
+                     help="gates, each running every selected case: safe (lower_bound * sigmoid, FlashKDA's), "
+                     "softplus (-exp(A_log) softplus(g + dt_bias): fla's default, Kimi-Linear-48B), pre (that "
+                     "decay computed beforehand, use_gate_in_kernel=False) (default safe)")
+    var.add_argument("--state-layout", choices=cases_mod.STATE_LAYOUTS, default="v_first",
+                     help="state layout: v_first [N, H, V, K] (FlashKDA) or k_first [N, H, K, V] (fla's default)")
+    var.add_argument("--state-dtypes", type=_state_dtypes, default=None, metavar="IN,OUT",
+                     help="initial and final state dtypes, e.g. bf16,fp32 (instead of --state)")
+    var.add_argument("--strided", action="store_true",
+                     help="q, k, v as views of one fused [B, T, 3, H, K] projection (token stride 3 H K)")
     dec = p.add_argument_group("decode (--decode: the decode step over a state pool against fla's fused_recurrent_kda_fwd)")
     dec.add_argument("--decode", action="store_true",
                      help="run the decode sweep instead of the forward cases (default: every point of the sweep "
@@ -132,6 +161,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decode_flags = [f for f in ("decode_seqs", "decode_heads", "decode_tokens", "decode_states")
                     if getattr(args, f) is not None]
     args.decode_cases = []
+    variant = args.gate != ["safe"] or args.state_layout != "v_first" or args.state_dtypes is not None or args.strided
+    if args.decode and variant:
+        parser.error("--gate/--state-layout/--state-dtypes/--strided vary the forward cases: not with --decode")
     if not args.decode and decode_flags:
         parser.error(f"--{decode_flags[0].replace('_', '-')} narrows the decode sweep: give --decode too")
     if args.decode:
@@ -164,16 +196,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.no_graph = True  # time_graph's warm-up and capture streams are made outside the partition
     if args.layer and args.T is not None and args.T <= 64:
         parser.error("--layer needs --T > 64 (fla runs its fused_recurrent path for T <= 64)")
+    if variant and (args.layer or args.from_json is not None):
+        parser.error("--gate/--state-layout/--state-dtypes/--strided vary the forward cases: not with --layer or --from-json")
+    if args.state_dtypes is not None and args.state != cases_mod.DEFAULT_STATE:
+        parser.error("give either --state or --state-dtypes")
+    state, state_out = args.state_dtypes if args.state_dtypes is not None else (args.state, None)
     try:
         if custom:
             heads = args.heads if args.heads is not None else 96
-            args.cases = [cases_mod.custom_case(heads, args.T, args.batch, args.seqlens, args.state)]
+            base = [cases_mod.custom_case(heads, args.T, args.batch, args.seqlens, state)]
         elif args.cases is not None:
-            args.cases = cases_mod.select_cases(args.cases, args.state)
+            base = cases_mod.select_cases(args.cases, state)
         else:
-            args.cases = cases_mod.standard_suite(args.state)
+            base = cases_mod.standard_suite(state)
     except ValueError as e:
         parser.error(str(e))
+    args.cases = [dataclasses.replace(c, gate=gate, state_layout=args.state_layout,
+                                      state_out=state_out if state_out != state else None, strided=args.strided)
+                  for gate in args.gate for c in base]
     return args
 
 

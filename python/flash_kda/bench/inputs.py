@@ -1,8 +1,13 @@
 """Random inputs of one case, as FlashKDA's own benchmark makes them.
 
 q, k, v, g, beta: bf16 standard normal; A_log ~ U(0, 1) fp32 [H]; dt_bias ~ U(0, 1) fp32
-[H, K]; lower_bound -5; initial_state standard normal [N, H, V, K] (v-first) in the case's
-state dtype (absent for state "none"); scale K**-0.5.
+[H, K]; lower_bound -5; initial_state standard normal [N, H, V, K] (v-first; [N, H, K, V]
+k-first) in the case's state dtype (absent for state "none"); scale K**-0.5.
+
+Variants (cases.Case): the pre-computed gate's g is the softplus gate of those inputs,
+-exp(A_log) * softplus(g + dt_bias), evaluated once here in fp32 (so "pre" and "softplus" are
+the same function of the same draws); strided cases draw q, k, v as one [B, T, 3, H, K]
+tensor and pass its three views (token stride 3 H K), as a fused qkv projection gives them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Inputs:
     cu_seqlens_cpu: object | None
     scale: float
     lower_bound: float = LOWER_BOUND
+    case: Case | None = None
 
 
 def make_inputs(case: Case, seed: int = 0, device: str = "cuda") -> Inputs:
@@ -56,15 +62,25 @@ def make_inputs(case: Case, seed: int = 0, device: str = "cuda") -> Inputs:
     state = None
     if case.state != "none":
         dtype = torch.float32 if case.state == "fp32" else bf16
-        state = randn(case.num_seqs, h, vd, kd, dtype=dtype)
+        shape = (case.num_seqs, h, vd, kd) if case.state_layout == "v_first" else (case.num_seqs, h, kd, vd)
+        state = randn(*shape, dtype=dtype)
     cu = cu_cpu = None
     if case.varlen:
         cu_cpu = torch.tensor(case.cu_seqlens(), dtype=torch.int64)
         cu = cu_cpu.to(device)
+    if case.strided:
+        if kd != vd:
+            raise ValueError("strided cases split one fused [B, T, 3, H, K] projection: K must equal V")
+        qkv = randn(b, t, 3, h, kd)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    else:
+        q, k, v = randn(b, t, h, kd), randn(b, t, h, kd), randn(b, t, h, vd)
+    g, beta = randn(b, t, h, kd), randn(b, t, h)
+    A_log, dt_bias = rand(h), rand(h, kd)
+    if case.gate == "pre":
+        g = -torch.exp(A_log)[:, None] * torch.nn.functional.softplus(g.float() + dt_bias)
     return Inputs(
-        q=randn(b, t, h, kd), k=randn(b, t, h, kd), v=randn(b, t, h, vd),
-        g=randn(b, t, h, kd), beta=randn(b, t, h),
-        A_log=rand(h), dt_bias=rand(h, kd),
+        q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias,
         initial_state=state, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
-        scale=kd ** -0.5,
+        scale=kd ** -0.5, case=case,
     )

@@ -51,6 +51,69 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def variant_of(c: dict) -> tuple:
+    """(gate, state_layout, (initial dtype, final dtype) or None when they agree, strided) of
+    a case dict: what separates the report's sections (one state dtype for both states is
+    not a variant: the table's cases may differ in it); records from before the variants
+    existed read as FlashKDA's configuration."""
+    state = c.get("state", "fp32")
+    out = state if state == "none" or c.get("state_out") is None else c["state_out"]
+    return (c.get("gate", "safe"), c.get("state_layout", "v_first"), (state, out) if out != state else None,
+            bool(c.get("strided", False)))
+
+
+def is_plain(variant: tuple) -> bool:
+    """FlashKDA's configuration: safe gate, v-first, one state dtype, contiguous inputs."""
+    gate, layout, dtypes, strided = variant
+    return gate == "safe" and layout == "v_first" and dtypes is None and not strided
+
+
+def variant_label(variant: tuple) -> str:
+    """The variant in words ("softplus gate, k-first states, bf16 -> fp32 states")."""
+    gate, layout, dtypes, strided = variant
+    parts = [f"{gate} gate", layout.replace("_", "-") + " states"]
+    if dtypes is not None:
+        parts.append(f"{dtypes[0]} -> {dtypes[1]} states")
+    if strided:
+        parts.append("strided q/k/v (views of a fused projection)")
+    return ", ".join(parts)
+
+
+def variant_groups(results: dict) -> list[tuple[tuple, dict]]:
+    """The cases split by variant, in order of first appearance: [(variant, results with only
+    that variant's cases)]."""
+    order: list[tuple] = []
+    by: dict = {}
+    for r in results.get("cases", []):
+        v = variant_of(r["case"])
+        if v not in by:
+            order.append(v)
+            by[v] = []
+        by[v].append(r)
+    return [(v, {**results, "cases": by[v]}) for v in order]
+
+
+def variant_cost_lines(results: dict) -> list[str]:
+    """For each variant other than FlashKDA's configuration, our eager time over our time in
+    that configuration on the same case and initial state dtype, case by case (the issue's "softplus at most
+    1.2x the safe gate" and "strided within 3% of contiguous" read off these)."""
+    groups = variant_groups(results)
+    lines = []
+    for v, sub in groups:
+        if is_plain(v):
+            continue
+        base = [r for bv, b in groups if is_plain(bv) for r in b["cases"]]
+        ref = {(r["case"]["name"], r["case"].get("state")): _median(r, "flash_kda", "eager") for r in base}
+        key = lambda r: (r["case"]["name"], r["case"].get("state"))
+        ratios = [(r["case"]["name"], _median(r, "flash_kda", "eager") / ref[key(r)])
+                  for r in sub["cases"] if ref.get(key(r)) and _median(r, "flash_kda", "eager")]
+        if ratios:
+            worst = max(ratios, key=lambda p: p[1])
+            lines.append(f"{variant_label(v)}: flash_kda eager time / safe-gate v-first time: max {worst[1]:.2f}x "
+                         f"({worst[0]}), geomean {_geomean([x for _, x in ratios]):.2f}x over {len(ratios)} case(s)")
+    return lines
+
+
 def geomean_line(results: dict) -> str | None:
     """The headline: geometric mean of the eager medians over the cases every column has
     (flash_kda, fla, and the anchors' FlashKDA and fla), so the four means compare like with
@@ -68,6 +131,18 @@ def geomean_line(results: dict) -> str | None:
         return None
     means = ", ".join(f"{key} {_ms(_geomean(v))} ms" for key, v in cols.items())
     return f"geomean over {n} case(s), eager: {means}"
+
+
+def plain_geomean_line(results: dict) -> str | None:
+    """Geometric means of the eager medians of flash_kda and fla over the cases both ran (for
+    variants the anchors did not measure)."""
+    pairs = [(_median(r, "flash_kda", "eager"), _median(r, "fla", "eager")) for r in results.get("cases", [])]
+    pairs = [(a, b) for a, b in pairs if a and b]
+    if not pairs:
+        return None
+    ours, fla = _geomean([a for a, _ in pairs]), _geomean([b for _, b in pairs])
+    return (f"geomean over {len(pairs)} case(s), eager: flash_kda {_ms(ours)} ms, fla {_ms(fla)} ms "
+            f"(fla / flash_kda {fla / ours:.2f}x)")
 
 
 def check_label(r: dict, keys: tuple[str, ...] = ("out_err",)) -> str:
@@ -118,10 +193,20 @@ def format_table(results: dict) -> str:
         return format_decode_table(results)
     if not results.get("cases"):
         return format_layer(results["layer"]) if "layer" in results else "no cases were run"
-    text = _padded(COLUMNS, rows(results))
-    text.append("")
-    if (g := geomean_line(results)) is not None:
-        text.append(g)
+    groups = variant_groups(results)
+    sectioned = len(groups) > 1 or not is_plain(groups[0][0])
+    text = []
+    for v, sub in groups:
+        if sectioned:
+            text += [f"== {variant_label(v)} ==", ""]
+        text += _padded(COLUMNS, rows(sub)) + [""]
+        if (g := geomean_line(sub)) is not None:
+            text.append(g)
+        elif sectioned and (g := plain_geomean_line(sub)) is not None:
+            text.append(g)
+        if sectioned:
+            text.append("")
+    text += variant_cost_lines(results)
     text.append(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s (read + write); "
                 "floor = fewest bytes / copy bandwidth; times are medians of event-timed calls")
     text.append(f"anchor columns: {results.get('anchor_source', 'anchors-h200.md')}")
@@ -209,14 +294,22 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
                   f"device ({part['sm_ratio']:.2f}x fewer SMs); flash_kda's plan was told {part['num_sms']} SMs")
     if results.get("cases"):
         md.append(f"- device-to-device copy bandwidth (this run): {results['copy_bandwidth'] / 1e12:.2f} TB/s")
-        md += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|"]
-        md += ["| " + " | ".join(row) + " |" for row in rows(results)]
+        groups = variant_groups(results)
+        sectioned = len(groups) > 1 or not is_plain(groups[0][0])
+        for v, sub in groups:
+            if sectioned:
+                md += ["", f"## {variant_label(v)[0].upper() + variant_label(v)[1:]}"]
+            md += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|"]
+            md += ["| " + " | ".join(row) + " |" for row in rows(sub)]
+            g = geomean_line(sub) or (plain_geomean_line(sub) if sectioned else None)
+            if g is not None:
+                md += ["", f"- {g}"]
         md += ["", "Times are medians (ms); \"x floor\" is flash_kda's eager time over the HBM floor; "
-               "\"speedup vs fla\" is fla's time over ours (eager / CUDA graph).",
+               "\"speedup vs fla\" is fla's time over ours (eager / CUDA graph); fla runs the same variant "
+               "(gate, state layout) on its Triton path.",
                f"The anchor columns are NOT from this run: {results.get('anchor_source', 'anchors-h200.md')}.",
                ""]
-        if (g := geomean_line(results)) is not None:
-            md += [f"- {g}"]
+        md += [f"- {line}" for line in variant_cost_lines(results)]
         md += [f"- {line}" for line in notes(results)]
         md += [f"- {line}" for line in _error_lines(results)]
         md += accuracy_section(results)
@@ -247,7 +340,9 @@ def accuracy_section(results: dict) -> list[str]:
         c = r["check"]
         ours_o = f"{_err(c, 'out_err')} ({_err(c, 'out_err_worst_head')})" if c.get("out_err") is not None else ""
         ours_s = f"{_err(c, 'state_err')} ({_err(c, 'state_err_worst_head')})" if c.get("state_err") is not None else ""
-        md.append(f"| {r['case']['name']} | {ours_o} | {ours_s} | {_err(c, 'fla_out_err')} | {_err(c, 'fla_state_err')} |")
+        v = variant_of(r["case"])
+        name = r["case"]["name"] if is_plain(v) else f"{r['case']['name']} ({variant_label(v)})"
+        md.append(f"| {name} | {ours_o} | {ours_s} | {_err(c, 'fla_out_err')} | {_err(c, 'fla_state_err')} |")
     return md
 
 
@@ -257,13 +352,16 @@ README_TABLE_END = "<!-- end of benchmark table -->"
 
 
 def readme_table(results: dict) -> list[str]:
-    """The README's benchmark table of a run: per case flash_kda eager and graph, fla eager and
-    graph (same run), FlashKDA's anchor and the floor (ms), then the eager geometric means."""
+    """The README's benchmark table of a run: per case of FlashKDA's configuration (is_plain)
+    flash_kda eager and graph, fla eager and graph (same run), FlashKDA's anchor and the floor
+    (ms), then the eager geometric means."""
     head = ["case", "flash_kda ms", "graph ms", "fla ms (same run)", "fla graph ms",
             "FlashKDA ms (anchor, not this run)", "HBM floor ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     cols: dict = {"flash_kda": [], "fla": [], "anchor": []}
     for r in results.get("cases", []):
+        if not is_plain(variant_of(r["case"])):
+            continue  # the README's table is FlashKDA's configuration, as the anchors
         a = r.get("anchor") or {}
         vals = [_median(r, "flash_kda", "eager"), _median(r, "flash_kda", "graph"), _median(r, "fla", "eager"),
                 _median(r, "fla", "graph"), a.get("flash_kda_ms"), r.get("floor_ms")]

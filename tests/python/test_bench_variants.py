@@ -1,0 +1,118 @@
+"""The benchmark's variants (--gate, --state-layout, --state-dtypes, --strided): flags, the
+floor, and the report's sections (CPU only: fake results, nothing touches torch)."""
+
+import pytest
+
+import _bench_path  # noqa: F401
+from flash_kda_bench import check, cli, report
+from flash_kda_bench.cases import Case, floor_ms, hbm_floor_bytes
+
+BW = 4.0e12
+
+
+def test_gate_list_runs_every_case_once_per_gate_in_order():
+    a = cli.parse_args(["--gate", "safe,softplus", "--cases", "h4_fixed_1024,h96_fixed_512"])
+    assert [(c.name, c.gate) for c in a.cases] == [
+        ("h4_fixed_1024", "safe"), ("h96_fixed_512", "safe"),
+        ("h4_fixed_1024", "softplus"), ("h96_fixed_512", "softplus")]
+    assert [c.plain for c in a.cases] == [True, True, False, False]
+
+
+def test_layout_dtypes_and_strided_reach_every_case():
+    a = cli.parse_args(["--state-layout", "k_first", "--state-dtypes", "bf16,fp32", "--strided"])
+    assert len(a.cases) == 13
+    c = a.cases[0]
+    assert (c.state_layout, c.state, c.state_out, c.final_state_dtype, c.strided) == ("k_first", "bf16", "fp32", "fp32", True)
+    assert not c.plain
+    assert c.variant_label() == "safe gate, k-first states, bf16 -> fp32 states, strided q/k/v (views of a fused projection)"
+
+
+def test_equal_state_dtypes_are_not_a_variant():
+    c = cli.parse_args(["--state-dtypes", "bf16,bf16", "--cases", "h4_fixed_1024"]).cases[0]
+    assert c.state == "bf16" and c.state_out is None and c.plain
+
+
+@pytest.mark.parametrize("argv", [
+    ["--gate", "sigmoid"], ["--gate", "safe,safe"], ["--gate", ""],
+    ["--state-dtypes", "bf16"], ["--state-dtypes", "fp16,fp32"], ["--state-dtypes", "fp32,bf16,fp32"],
+    ["--state-layout", "kv"],
+    ["--state", "bf16", "--state-dtypes", "bf16,fp32"],
+    ["--decode", "--gate", "softplus"], ["--decode", "--strided"],
+    ["--layer", "--gate", "softplus"],
+])
+def test_bad_variant_flags_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(argv)
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_floor_of_the_variants():
+    base = dict(name="x", heads=4, T=256)
+    safe = hbm_floor_bytes(Case(**base))
+    tokens_g = 256 * 4 * 128
+    # The pre-computed gate reads g in fp32 (2 more bytes an element) and no A_log / dt_bias.
+    assert hbm_floor_bytes(Case(**base, gate="pre")) == safe + 2 * tokens_g - (4 * 4 + 4 * 128 * 4)
+    assert hbm_floor_bytes(Case(**base, gate="softplus")) == safe
+    state = 4 * 128 * 128
+    assert hbm_floor_bytes(Case(**base, state="bf16", state_out="fp32")) == safe - 2 * state
+    assert hbm_floor_bytes(Case(**base, strided=True)) == safe
+    assert hbm_floor_bytes(Case(**base, state_layout="k_first")) == safe
+
+
+def _times(median):
+    return {"median": median, "min": median, "max": median, "n": 3}
+
+
+def _result(case, ours, fla=None):
+    times = {"flash_kda": {"eager": _times(ours)}}
+    if fla is not None:
+        times["fla"] = {"eager": _times(fla)}
+    chk = {"heads": "all", "out_err": 2e-3, "state_err": 1e-3, "bound": 1e-2, "fla_ratio_bound": 1.5}
+    chk["passed"] = check.verdict(chk)
+    return {"case": case.to_dict(), "floor_bytes": hbm_floor_bytes(case), "floor_ms": floor_ms(case, BW),
+            "anchor": None, "times": times, "errors": {}, "check": chk}
+
+
+def _two_gates():
+    a, b = Case("h4_fixed_1024", 4, T=1024), Case("h96_fixed_512", 96, T=512)
+    soft = [Case(c.name, c.heads, T=c.T, gate="softplus") for c in (a, b)]
+    cases = [_result(a, 0.010, 0.05), _result(b, 0.100, 0.40), _result(soft[0], 0.011, 0.08),
+             _result(soft[1], 0.125, 0.60)]
+    return {"meta": {}, "copy_bandwidth": BW, "anchor_source": "test", "settings": {}, "cases": cases}
+
+
+def test_sections_per_variant_with_the_cost_of_the_gate():
+    text = report.format_table(_two_gates())
+    assert "== safe gate, v-first states ==" in text and "== softplus gate, v-first states ==" in text
+    assert text.index("== safe gate") < text.index("== softplus gate")
+    # 0.011 / 0.010 and 0.125 / 0.100: the worst is h96_fixed_512 at 1.25x.
+    assert ("softplus gate, v-first states: flash_kda eager time / safe-gate v-first time: max 1.25x "
+            "(h96_fixed_512)") in text
+    assert f"geomean {((0.011 / 0.010) * (0.125 / 0.100)) ** 0.5:.2f}x over 2 case(s)" in text
+    # The softplus section's own means: flash_kda and fla over both cases.
+    assert f"fla / flash_kda {((0.08 * 0.60) ** 0.5) / ((0.011 * 0.125) ** 0.5):.2f}x" in text
+
+
+def test_markdown_sections_and_readme_table_keeps_flashkda_configuration():
+    r = _two_gates()
+    md = report.to_markdown(r)
+    assert "## Safe gate, v-first states" in md and "## Softplus gate, v-first states" in md
+    table = report.readme_table(r)
+    names = [line.split("|")[1].strip() for line in table[2:-1]]
+    assert names == ["h4_fixed_1024", "h96_fixed_512"]  # the softplus rows are not the README's
+
+
+def test_one_plain_variant_keeps_the_unsectioned_table():
+    r = _two_gates()
+    r["cases"] = r["cases"][:2]
+    text = report.format_table(r)
+    assert "==" not in text and text.splitlines()[0].split()[0] == "case"
+    assert report.variant_cost_lines(r) == []
+
+
+def test_old_records_read_as_flashkda_configuration():
+    c = Case("h4_fixed_1024", 4, T=1024).to_dict()
+    for key in ("gate", "state_layout", "state_out", "strided"):
+        c.pop(key)
+    assert report.is_plain(report.variant_of(c))
