@@ -3,8 +3,8 @@
 // accepts. validate() checks against it, the Python binding builds ForwardArgs from it and
 // exports its names (flash_kda._core.forward_tensors), and flash_kda.fwd / flash_kda.reference
 // pass their tensors in its order. Rules that relate tensors to each other (extents agreeing,
-// final_state's dtype following initial_state's, A_log and dt_bias being required by the Sm90
-// safe gate) stay in validate().
+// the state pool's slot count, A_log and dt_bias being required by the Sm90 safe gate) and the
+// stride rules stay in validate().
 #pragma once
 
 #include <cstddef>
@@ -60,7 +60,8 @@ constexpr const char* kReadsBF16 = "the Sm90 kernels read bf16 q, k, v; the refe
 }  // namespace call_table_detail
 
 /// Every tensor of a forward call, in the order validation reports them and the binding
-/// takes them.
+/// takes them. New tensors go at the end: flash_kda.fwd and flash_kda.reference build their
+/// tuples in this order (python/flash_kda/_forward.py FORWARD_TENSORS).
 inline constexpr TensorSpec kForwardTensors[] = {
     // clang-format off
   //  name             member                        role                optional rank shape             reference                           sm90                                why                                                      host_only
@@ -73,9 +74,10 @@ inline constexpr TensorSpec kForwardTensors[] = {
   {"A_log",          &ForwardArgs::A_log,          TensorRole::Input,  true,  1, "[HV]",              call_table_detail::kF32,        call_table_detail::kF32,    "",                                                   false},
   {"dt_bias",        &ForwardArgs::dt_bias,        TensorRole::Input,  true,  0, "[HV, K] or [HV*K]", call_table_detail::kF32,        call_table_detail::kF32,    "",                                                   false},
   {"cu_seqlens",     &ForwardArgs::cu_seqlens,     TensorRole::Input,  true,  1, "[N + 1]",           call_table_detail::kIndex,      call_table_detail::kIndex,  "",                                                   false},
-  {"initial_state",  &ForwardArgs::initial_state,  TensorRole::Input,  true,  4, "[N, HV, V, K]",     call_table_detail::kFloatOrF64, call_table_detail::kFloat,  "the Sm90 kernels keep bf16 or fp32 states",          false},
-  {"final_state",    &ForwardArgs::final_state,    TensorRole::Output, true,  4, "[N, HV, V, K]",     call_table_detail::kFloatOrF64, call_table_detail::kFloat,  "the Sm90 kernels keep bf16 or fp32 states",          false},
+  {"initial_state",  &ForwardArgs::initial_state,  TensorRole::Input,  true,  4, "[N or P, HV, V, K]",     call_table_detail::kFloatOrF64, call_table_detail::kFloat,  "the Sm90 kernels keep bf16 or fp32 states",          false},
+  {"final_state",    &ForwardArgs::final_state,    TensorRole::Output, true,  4, "[N or P, HV, V, K]",     call_table_detail::kFloatOrF64, call_table_detail::kFloat,  "the Sm90 kernels keep bf16 or fp32 states",          false},
   {"cu_seqlens_cpu", &ForwardArgs::cu_seqlens_cpu, TensorRole::Input,  true,  1, "[N + 1]",           call_table_detail::kIndex,      call_table_detail::kIndex,  "",                                                   true},
+  {"ssm_state_indices", &ForwardArgs::ssm_state_indices, TensorRole::Input, true, 1, "[N]",              call_table_detail::kIndex,      call_table_detail::kIndex,  "",                                                   false},
     // clang-format on
 };
 

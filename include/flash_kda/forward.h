@@ -50,10 +50,40 @@ enum class StateLayout : int {
 /// | cu_seqlens     | int64 or int32   | absent           | [N+1], 0 = cu[0] <= ... <= cu[N] = T_total |
 /// | cu_seqlens_cpu | int64 or int32   | absent           | host copy of cu_seqlens (optional) |
 /// | initial_state  | bf16 or fp32 (reference: also fp64) | [B, HV, V, K] (VFirst) or [B, HV, K, V] | [N, ...] |
-/// | final_state    | same dtype as initial_state when both are given (reference: bf16, fp32 or fp64) |
+/// | final_state    | bf16 or fp32 (reference: also fp64), independently of initial_state's dtype |
+/// | ssm_state_indices | int32 or int64 [N] (optional): the states are pools [P, HV, ...] (below) |
 ///
-/// Value head hv reads q/k head hv / (HV / H) (GVA). All tensors contiguous, all on one
-/// device. Inputs are never modified; out and final_state are written in full.
+/// Value head hv reads q/k head hv / (HV / H) (GVA). All tensors on one device. Inputs are never
+/// modified; out and final_state are written in full (pool slots: below).
+///
+/// Strides: q, k, v, g, beta and out may have any batch, token and head strides (>= 0), with
+/// unit stride in the last dimension: views of a fused projection (qkv.view(B, T, 3, H, K)[:, :,
+/// 0]) or of a longer buffer (buf[:, :T]) are read and written in place. On Sm90 their rows must
+/// be 16-byte aligned (data pointer and the token, head and batch strides in bytes multiples of
+/// 16), except beta's, which needs element alignment only. Every other tensor is contiguous
+/// (initial_state, final_state, A_log, dt_bias, cu_seqlens, cu_seqlens_cpu, ssm_state_indices).
+///
+/// States: initial_state and final_state take their dtypes independently (bf16 in and fp32 out,
+/// as fla's FlashKDA backend passes them, or the reverse); final_state may be exactly
+/// initial_state (an in-place update, same dtype then). The math is fp32 on Sm90 (fp64 in the
+/// reference) whatever the state dtypes; each store rounds once to final_state's dtype.
+///
+/// The state pool, with ssm_state_indices (prefill into the pool the decode reads; the meaning
+/// of decode()'s [N] indices, include/flash_kda/decode.h):
+/// - initial_state and final_state (either or both; at least one) are pools [P, HV, V, K]
+///   (VFirst) or [P, HV, K, V] of P >= 1 slots, both of the same P when both are given;
+///   final_state may be exactly initial_state (the pool updated in place);
+/// - sequence n starts from initial_state[idx[n]] (zero without initial_state) and writes its
+///   final state to final_state[idx[n]]; other slots are never read or written;
+/// - idx[n] < 0 marks a padded sequence: no slot is read or written for it and its rows of out
+///   are written as zeros (serving stacks pad batches with -1);
+/// - on Sm90, idx[n] >= P is treated like a negative index (skipped: the values are on the GPU,
+///   validate() cannot read them, and no access may leave the pool); the reference raises
+///   flash_kda::Error for it;
+/// - two sequences with the same slot (idx[n] == idx[m] >= 0, n != m) race on Sm90: that slot's
+///   final contents (and, in place, the start state the other reads) are unspecified. The
+///   reference reads every start state before it writes any and writes in sequence order (the
+///   last sequence wins). Distinct slots are what serving stacks pass.
 struct ForwardArgs {
   TensorView q, k, v, g, beta;
   TensorView out;
@@ -67,6 +97,10 @@ struct ForwardArgs {
   /// (cu[0] == 0, non-decreasing, cu[N] == T_total) on every target at no cost to the GPU;
   /// the call then trusts that it equals cu_seqlens. Never read by the kernels.
   TensorView cu_seqlens_cpu;
+  /// Optional int32 or int64 [N], on the call's device: pool slot of each sequence's state
+  /// (negative: padded, skipped); initial_state / final_state are then pools [P, HV, ...].
+  /// Semantics in the comment above.
+  TensorView ssm_state_indices;
 
   GateMode gate = GateMode::SafeSigmoid;
   StateLayout state_layout = StateLayout::VFirst;
@@ -144,8 +178,11 @@ using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 /// so the call can be captured in a CUDA graph. Results are bitwise deterministic.
 /// Supported subset: K = V = 128; bf16 q, k, v, out; bf16 or fp32 g and beta; A_log and
 /// dt_bias required; SafeSigmoid gate; use_qk_l2norm and use_beta_sigmoid on; allow_neg_eigval
-/// off; VFirst states (bf16 or fp32). Every data pointer 16-byte aligned. T = 0 is valid.
-/// final_state may be exactly initial_state (in-place update). The launch runs on q's device
+/// off; VFirst or KFirst states, bf16 or fp32 each; the state pool (ssm_state_indices). Every
+/// data pointer 16-byte aligned (beta's and ssm_state_indices': element aligned), strided
+/// activations as above. T = 0 is valid. final_state may be exactly initial_state (in-place
+/// update). ssm_state_indices values on the GPU are not checked: an entry >= P is skipped like a
+/// negative one. The launch runs on q's device
 /// (made current for the call, then restored). cu_seqlens values on the GPU are not checked
 /// (that would need a sync): they must satisfy the table above (docs/errors.md). Bad values are
 /// clamped to [0, T_total] on the device: results are then unspecified (for the bad sequences
@@ -164,7 +201,8 @@ void forward(const ForwardArgs& args, const WorkspaceAllocator& allocate, Stream
 /// fp64 (inputs read as given, bf16 widened exactly), using up to `num_threads` threads over
 /// (sequence, value head) pairs (0 = hardware concurrency). Host tensors only; every gate
 /// mode, flag, GVA, varlen (zero-length sequences pass their state through), any K and V,
-/// both state layouts. cu_seqlens values are checked here (Error on a bad one).
+/// both state layouts, strided activations, the state pool. cu_seqlens and ssm_state_indices
+/// values are checked here (Error on a bad one: an index >= P).
 void reference_forward(const ForwardArgs& args, int num_threads = 0);
 
 }  // namespace flash_kda

@@ -31,9 +31,10 @@ inline constexpr int kMaxDims = 4;
 /// A view of a strided tensor. Does not own memory.
 ///
 /// `ndim == 0` means "absent" (optional tensors such as A_log or initial_state). Shapes and
-/// strides are in elements, outermost first. Every tensor of a call must be contiguous
-/// (row-major, strides as for a packed tensor of that shape); strides are carried so that the
-/// validator can reject anything else with a clear error instead of reading the wrong elements.
+/// strides are in elements, outermost first. Which tensors may be strided is a rule of each call
+/// (forward.h, decode.h: the per-token activations may have any batch, token and head strides
+/// with a unit-stride last dimension; the rest must be contiguous); validation rejects anything
+/// else with a clear error instead of reading the wrong elements.
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::F32;

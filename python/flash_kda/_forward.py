@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 # The call's tensors in the call table's order (include/flash_kda/call_table.h): fwd and
 # reference build their tuples in this order, and the import fails if the table's order differs.
 FORWARD_TENSORS = ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "cu_seqlens", "initial_state",
-                   "final_state", "cu_seqlens_cpu")
+                   "final_state", "cu_seqlens_cpu", "ssm_state_indices")
 if tuple(_core.forward_tensors) != FORWARD_TENSORS:
     raise ImportError(f"flash_kda._core's call table {tuple(_core.forward_tensors)} does not match the Python "
                       f"package's {FORWARD_TENSORS}: the package and its extension are from different builds")
@@ -110,7 +110,8 @@ def fwd(
         A_log: fp32 [HV]. dt_bias: fp32 [HV, K] (or flat [HV*K]).
         lower_bound: safe-gate floor in natural-log units, in [-5, 0).
         initial_state: optional bf16 or fp32 [N, HV, V, K] (v-first, i.e. S transposed); zero if None.
-        final_state: optional [N, HV, V, K], same dtype as initial_state when both given; written.
+        final_state: optional bf16 or fp32 [N, HV, V, K] (its dtype independent of initial_state's;
+            may be initial_state itself, updated in place); written.
         cu_seqlens: optional int64/int32 [N + 1] on the GPU, cumulative sequence starts:
             cu[0] = 0, non-decreasing, cu[N] = B*T. Its values are not checked (that would
             need a device-to-host copy and a sync); bad values are clamped to [0, B*T] on the
@@ -129,8 +130,11 @@ def fwd(
             turns it on for every call (e.g. calls made by fla).
         launch_options: a :class:`LaunchOptions`, or None for the plan's choices.
 
-    All tensors contiguous, on one CUDA device, with 16-byte aligned data (a view that starts
-    mid-row of a larger tensor may not be). Runs asynchronously on
+    All tensors on one CUDA device. q, k, v, g, beta and out may be strided views (any batch,
+    token and head strides, unit stride in the last dimension: e.g. slices of a fused qkv
+    projection, or ``buf[:, :T]``) with 16-byte aligned rows (data pointer and strides in bytes
+    multiples of 16; beta: element aligned); the other tensors are contiguous with 16-byte
+    aligned data. Runs asynchronously on
     ``torch.cuda.current_stream(q.device)``; the scratch workspace comes from
     ``torch.empty(..., dtype=torch.uint8, device=q.device)`` (PyTorch's caching allocator), so the
     call may be captured in a CUDA graph. Inputs are never modified.
@@ -181,7 +185,8 @@ def fwd(
         def alloc(nbytes: int) -> torch.Tensor:
             return torch.empty(nbytes, dtype=torch.uint8)
 
-    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu)
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu,
+               None)  # ssm_state_indices: the C++ API's state pool, not part of FlashKDA's fwd
     raw = _raw_descriptions(tensors, torch)
     if raw is not None:
         _core.forward_raw(raw, scale, lower_bound, alloc, stream, options)

@@ -141,7 +141,8 @@ def reference(
         final_state = np.empty((max(n, 0), hv, *dims), dtype=np.float64)
     cu_seqlens_cpu = None  # cu_seqlens is already on the host: its values are checked as given
 
-    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu)
+    tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu,
+               None)  # ssm_state_indices
     _core.reference_forward(tensors, scale, lower_bound, gate, state_layout, *flags[:3],
                             int(num_threads))
     return out, final_state

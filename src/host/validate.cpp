@@ -2,9 +2,11 @@
 // Checks run in a fixed order (presence, per-tensor sanity/device/layout, shapes, dtypes,
 // sequences, states, gate and flags, the Sm90 subset, aliasing) so the first error reported is
 // the most basic one. The message list is docs/errors.md.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "flash_kda/call_table.h"
@@ -26,6 +28,7 @@ using detail::check_shape;
 using detail::device_str;
 using detail::dims_str;
 using detail::shape_str;
+using detail::strides_str;
 
 using Named = detail::NamedView;
 
@@ -42,10 +45,61 @@ void check_table_dtype(const ForwardArgs& a, const char* name, Target target) {
   throw Error(name, msg + ", got " + dtype_name(t.dtype));
 }
 
-// The kernels load q, k, v and g with 16-byte cp.async, store out with 16-byte vectors and
-// states with 8-byte ones; one rule for every tensor keeps the check simple (torch allocations
-// are 256-byte aligned).
+// The kernels load q, k, v and g rows with 16-byte copies, store out rows with 16-byte vectors
+// and states with 8-byte ones; one rule for every tensor keeps the check simple (torch
+// allocations are 256-byte aligned). beta and ssm_state_indices are read an element at a time.
 constexpr uintptr_t kSm90Alignment = 16;
+
+// The per-token tensors, which may be strided views ([B, T, heads, dim], beta [B, T, HV]).
+bool is_activation(const TensorSpec& spec) {
+  for (const char* name : {"q", "k", "v", "g", "beta", "out"})
+    if (std::string_view(spec.name) == name) return true;
+  return false;
+}
+
+// An activation view: strides >= 0, unit stride in the last dimension; on Sm90 16-byte aligned
+// rows (data pointer and every stride of a dimension of extent > 1, in bytes), or element
+// alignment alone for beta, whose rows are HV scalars.
+void check_activation_strides(const TensorView& t, const char* name, Target target) {
+  if (t.numel() == 0) return;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1 && t.strides[d] < 0)
+      throw Error(name, "strides must be >= 0, got strides " + strides_str(t));
+  const int last = t.ndim - 1;
+  if (t.shape[last] != 1 && t.strides[last] != 1)
+    throw Error(name, "last dimension must have unit stride (strides [.., 1]), got strides " + strides_str(t));
+  if (target != Target::Sm90) return;
+  const bool rows16 = std::string_view(name) != "beta";
+  const int64_t es = dtype_size(t.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % (rows16 ? kSm90Alignment : uintptr_t(es)) != 0)
+    throw Error(name, std::string("data pointer must be ") + (rows16 ? "16-byte" : "element") +
+                          " aligned for the Sm90 kernels");
+  if (!rows16) return;
+  static const char* const kDimNames[] = {"batch", "token", "head"};
+  for (int d = 0; d < last; ++d)
+    if (t.shape[d] > 1 && (t.strides[d] * es) % int64_t(kSm90Alignment) != 0)
+      throw Error(name, std::string(kDimNames[d]) + " stride " + std::to_string(t.strides[d]) + " (" +
+                            std::to_string(t.strides[d] * es) + " bytes of " + dtype_name(t.dtype) +
+                            ") must be a multiple of 16 bytes (16-byte aligned rows for the Sm90 kernels), got strides " +
+                            strides_str(t));
+}
+
+// out is written by many threads at once: no two of its elements may share memory. Sorted by
+// stride, each dimension must step past everything the inner ones span.
+void check_no_self_overlap(const TensorView& t, const char* name) {
+  if (t.numel() == 0) return;
+  std::vector<int> dims;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) dims.push_back(d);
+  std::sort(dims.begin(), dims.end(), [&](int a, int b) { return t.strides[a] < t.strides[b]; });
+  int64_t span = 1;  // elements spanned by the dimensions so far
+  for (int d : dims) {
+    if (t.strides[d] < span)
+      throw Error(name, "strides " + strides_str(t) + " of shape " + shape_str(t) +
+                            " make elements share memory; an output needs distinct elements");
+    span = t.strides[d] * (t.shape[d] - 1) + span;
+  }
+}
 
 void check_placement(const ForwardArgs& a, Target target) {
   for (const TensorSpec& spec : kForwardTensors) {
@@ -54,6 +108,7 @@ void check_placement(const ForwardArgs& a, Target target) {
     if (t.ndim < 0) check_sane(t, n.name);  // corrupt, not absent: never treat it as "not given"
     if (!t.defined()) continue;
     check_sane(t, n.name);
+    const bool activation = is_activation(spec);
     if (spec.host_only) {
       if (t.device != DeviceType::CPU)
         throw Error(n.name, "is on " + device_str(t) + "; it is the host copy of cu_seqlens, a host tensor is needed");
@@ -66,10 +121,16 @@ void check_placement(const ForwardArgs& a, Target target) {
       if (t.device_id != a.q.device_id)
         throw Error(n.name, "q is on " + device_str(a.q) + " but " + n.name + " on " + device_str(t) +
                                 "; all tensors must be on one device");
-      if (t.numel() > 0 && reinterpret_cast<uintptr_t>(t.data) % kSm90Alignment != 0)
-        throw Error(n.name, "data pointer must be 16-byte aligned for the Sm90 kernels");
+      const uintptr_t align = std::string_view(spec.name) == "ssm_state_indices" ? uintptr_t(dtype_size(t.dtype))
+                                                                                 : kSm90Alignment;
+      if (!activation && t.numel() > 0 && reinterpret_cast<uintptr_t>(t.data) % align != 0)
+        throw Error(n.name, std::string("data pointer must be ") + (align == kSm90Alignment ? "16-byte" : "element") +
+                                " aligned for the Sm90 kernels");
     }
-    check_contiguous(t, n.name);
+    if (activation)
+      check_activation_strides(t, n.name, target);
+    else
+      check_contiguous(t, n.name);
   }
 }
 
@@ -107,20 +168,55 @@ void check_sequences(const ForwardArgs& a, Target target, ProblemShape& p) {
   if (target == Target::CpuReference && cu.device == DeviceType::CPU) check_cu_seqlens_values(cu, p, "");
 }
 
+// An index tensor's entry (int32 or int64, contiguous), widened.
+int64_t host_index(const TensorView& t, int64_t i) {
+  return t.dtype == DType::I32 ? int64_t(static_cast<const int32_t*>(t.data)[i]) : static_cast<const int64_t*>(t.data)[i];
+}
+
+// The states: [N, HV, ...] each, or, with ssm_state_indices, pools [P, HV, ...] of one P. Their
+// dtypes are independent (the kernels compute in fp32 and round once per store). The
+// reference reads host index values and rejects one >= P; the GPU skips it (forward.h).
 void check_states(const ForwardArgs& a, Target target, const ProblemShape& p) {
   const bool v_first = a.state_layout == StateLayout::VFirst;
+  const TensorView& idx = a.ssm_state_indices;
+  const bool pool = idx.defined();
+  const std::string rows = pool ? "P" : "N";
+  const std::string meaning = v_first ? "[" + rows + ", HV, V, K] (v-first state layout)"
+                                      : "[" + rows + ", HV, K, V] (k-first state layout)";
+  int64_t slots = p.num_seqs;
+  if (pool) {
+    check_table_dtype(a, "ssm_state_indices", target);
+    check_shape(idx, "ssm_state_indices", {p.num_seqs}, tensor_spec("ssm_state_indices").shape,
+                p.varlen ? "with N = len(cu_seqlens) - 1" : "with N = B");
+    if (!a.initial_state.defined() && !a.final_state.defined())
+      throw Error("ssm_state_indices", "is given without initial_state or final_state; the indices select slots of "
+                                       "a state pool [P, HV, ...], pass the pool");
+    const TensorView& first = a.initial_state.defined() ? a.initial_state : a.final_state;
+    const char* first_name = a.initial_state.defined() ? "initial_state" : "final_state";
+    check_rank(first, first_name, 4, meaning);
+    slots = first.shape[0];
+    if (slots < 1)
+      throw Error(first_name, "the state pool needs P = " + std::string(first_name) + ".shape[0] >= 1 slots, got shape " +
+                                  shape_str(first));
+  }
   const std::vector<int64_t> dims =
-      v_first ? std::vector<int64_t>{p.num_seqs, p.value_heads, p.head_dim_v, p.head_dim_k}
-              : std::vector<int64_t>{p.num_seqs, p.value_heads, p.head_dim_k, p.head_dim_v};
-  const std::string meaning = v_first ? "[N, HV, V, K] (v-first state layout)" : "[N, HV, K, V] (k-first state layout)";
+      v_first ? std::vector<int64_t>{slots, p.value_heads, p.head_dim_v, p.head_dim_k}
+              : std::vector<int64_t>{slots, p.value_heads, p.head_dim_k, p.head_dim_v};
+  const std::string like = pool ? "(a pool of P slots, P from initial_state, or final_state without it)"
+                                : (p.varlen ? "with N = len(cu_seqlens) - 1" : "with N = B");
   for (const Named n : {Named{&a.initial_state, "initial_state"}, Named{&a.final_state, "final_state"}}) {
     if (!n.t->defined()) continue;
     check_table_dtype(a, n.name, target);
-    check_shape(*n.t, n.name, dims, meaning, p.varlen ? "with N = len(cu_seqlens) - 1" : "with N = B");
+    check_shape(*n.t, n.name, dims, meaning, like);
   }
-  if (a.initial_state.defined() && a.final_state.defined() && a.initial_state.dtype != a.final_state.dtype)
-    throw Error("final_state", std::string("dtype must equal initial_state's (") + dtype_name(a.initial_state.dtype) +
-                                   "), got " + dtype_name(a.final_state.dtype));
+  if (!pool || idx.device != DeviceType::CPU) return;  // device values cannot be read without a sync
+  for (int64_t i = 0; i < p.num_seqs; ++i) {
+    const int64_t slot = host_index(idx, i);
+    if (slot >= slots)
+      throw Error("ssm_state_indices", "entry [" + std::to_string(i) + "] = " + std::to_string(slot) +
+                                           " is outside the pool of P = " + std::to_string(slots) +
+                                           " slots (negative entries mark padded sequences)");
+  }
 }
 
 void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
@@ -144,8 +240,8 @@ void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
 // What the sm_90a kernels implement; everything else runs on the reference only.
 void check_sm90_subset(const ForwardArgs& a, const ProblemShape& p) {
   const std::string subset =
-      "the Sm90 kernels support K = V = 128, the safe gate, use_qk_l2norm, use_beta_sigmoid, "
-      "no allow_neg_eigval and v-first states; the reference (reference_forward, flash_kda.reference) "
+      "the Sm90 kernels support K = V = 128, the safe gate, use_qk_l2norm, use_beta_sigmoid "
+      "and no allow_neg_eigval; the reference (reference_forward, flash_kda.reference) "
       "covers the rest";
   if (p.head_dim_k != 128) throw Error("q", "head dim K = " + std::to_string(p.head_dim_k) + " unsupported: " + subset);
   if (p.head_dim_v != 128) throw Error("v", "head dim V = " + std::to_string(p.head_dim_v) + " unsupported: " + subset);
@@ -153,7 +249,6 @@ void check_sm90_subset(const ForwardArgs& a, const ProblemShape& p) {
   if (!a.use_qk_l2norm) throw Error("use_qk_l2norm", "false is unsupported: " + subset);
   if (!a.use_beta_sigmoid) throw Error("use_beta_sigmoid", "false is unsupported: " + subset);
   if (a.allow_neg_eigval) throw Error("allow_neg_eigval", "true is unsupported: " + subset);
-  if (a.state_layout != StateLayout::VFirst) throw Error("state_layout", "k-first is unsupported: " + subset);
 
   // Chunk slots (16-token chunks plus one per sequence) and grid dims are 32-bit in the kernels.
   constexpr int64_t kInt32Limit = int64_t{1} << 31;
@@ -168,16 +263,38 @@ void check_sm90_subset(const ForwardArgs& a, const ProblemShape& p) {
                          " must be < 2^31 (32-bit chunk indexing of the Sm90 kernels)");
 }
 
+// Byte range [begin, end) a defined view may touch: from its first element to one past its last,
+// whatever its strides (empty for a tensor with no elements).
+detail::ByteRange span_range(const TensorView& t) {
+  if (t.numel() <= 0 || t.data == nullptr) return {};
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + uintptr_t(last + 1) * uintptr_t(dtype_size(t.dtype))};
+}
+
+// Whether two views' spans share a byte (a strided view's span includes the gaps between its
+// rows, so interleaved views of one buffer count as overlapping: conservative, never a race).
+bool spans_overlap(const TensorView& a, const TensorView& b) {
+  if (a.device != b.device || (a.device == DeviceType::CUDA && a.device_id != b.device_id)) return false;
+  const detail::ByteRange ra = span_range(a), rb = span_range(b);
+  if (ra.begin == ra.end || rb.begin == rb.end) return false;
+  return ra.begin < rb.end && rb.begin < ra.end;
+}
+
 // Outputs are written while inputs are still being read, so any overlap is a race; the one
 // exception is an exact in-place state update, which every target reads before it writes.
 void check_aliasing(const ForwardArgs& a) {
+  check_no_self_overlap(a.out, "out");
   std::vector<Named> inputs;
   for (const TensorSpec& spec : kForwardTensors)
     if (spec.role == TensorRole::Input) inputs.push_back({&field(a, spec), spec.name});
-  // Shapes and dtypes already agree (check_states), so the same pointer means the same tensor.
+  // Shapes already agree (check_states) and states are contiguous, so the same pointer and
+  // dtype mean the same tensor.
   detail::check_outputs_apart(
-      a.out, a.final_state, a.initial_state, inputs, detail::overlaps,
-      [](const TensorView& f, const TensorView& i) { return f.data == i.data; }, "same pointer, shape and dtype");
+      a.out, a.final_state, a.initial_state, inputs, spans_overlap,
+      [](const TensorView& f, const TensorView& i) { return f.data == i.data && f.dtype == i.dtype; },
+      "same pointer, shape and dtype");
 }
 
 }  // namespace

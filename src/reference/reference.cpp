@@ -31,8 +31,24 @@ struct Plan {
   std::vector<double> decay_rate;    ///< [HV] exp(A_log), 1 without A_log
   std::vector<double> dt_bias;       ///< [HV * K], 0 without dt_bias
   std::vector<double>* out = nullptr;          ///< [T_total, HV, V] (B * T tokens when fixed)
-  std::vector<double>* final_state = nullptr;  ///< [N, HV, K, V] (S itself, k-first)
+  std::vector<double>* final_state = nullptr;  ///< [N, HV, K, V] (S itself, k-first; by sequence, not slot)
 };
+
+/// Element offset of the row of flat token `tok`, head `h` of a per-token tensor ([B, T, heads,
+/// dim] or beta [B, T, HV]; any batch, token and head strides, unit last stride): token tok is
+/// entry tok % T of batch entry tok / T (varlen: B = 1, T = T_total).
+int64_t row_offset(const TensorView& t, const ProblemShape& p, int64_t tok, int64_t h) {
+  return (tok / p.seqlen) * t.strides[0] + (tok % p.seqlen) * t.strides[1] + h * t.strides[2];
+}
+
+/// Pool slot of sequence n (ssm_state_indices[n]; validate() checked it is < P), or n without
+/// a pool. Negative: a padded sequence.
+int64_t state_slot(const ForwardArgs& a, int64_t n) {
+  const TensorView& idx = a.ssm_state_indices;
+  if (!idx.defined()) return n;
+  return idx.dtype == DType::I32 ? int64_t(static_cast<const int32_t*>(idx.data)[n])
+                                 : static_cast<const int64_t*>(idx.data)[n];
+}
 
 /// Token boundaries of every sequence (values already checked by validate()).
 std::vector<int64_t> sequence_starts(const ForwardArgs& args, const ProblemShape& p) {
@@ -45,13 +61,17 @@ std::vector<int64_t> sequence_starts(const ForwardArgs& args, const ProblemShape
 void run_head(const Plan& plan, int64_t n, int64_t hv) {
   const ForwardArgs& a = *plan.args;
   const ProblemShape& p = plan.p;
-  const int64_t H = p.heads, HV = p.value_heads, K = p.head_dim_k, V = p.head_dim_v;
+  const int64_t HV = p.value_heads, K = p.head_dim_k, V = p.head_dim_v;
   const int64_t h = hv / plan.group;
+
+  // A padded pool entry: no state read or written, its out rows stay zero.
+  const int64_t slot = state_slot(a, n);
+  if (slot < 0) return;
 
   // S is K x V, row i = key channel i (the spec's S, not the v-first S^T).
   std::vector<double> S(static_cast<size_t>(K * V), 0.0);
   if (a.initial_state.defined()) {
-    const int64_t base = (n * HV + hv) * K * V;
+    const int64_t base = (slot * HV + hv) * K * V;
     for (int64_t i = 0; i < K; ++i)
       for (int64_t j = 0; j < V; ++j) {
         const int64_t src = a.state_layout == StateLayout::VFirst ? j * K + i : i * V + j;
@@ -65,17 +85,17 @@ void run_head(const Plan& plan, int64_t n, int64_t hv) {
   const double* bias = &plan.dt_bias[size_t(hv * K)];
 
   for (int64_t tok = plan.seq_start[size_t(n)]; tok < plan.seq_start[size_t(n + 1)]; ++tok) {
-    const int64_t qk_base = (tok * H + h) * K;
-    const int64_t g_base = (tok * HV + hv) * K;
-    const int64_t v_base = (tok * HV + hv) * V;
+    const int64_t q_base = row_offset(a.q, p, tok, h), k_base = row_offset(a.k, p, tok, h);
+    const int64_t g_base = row_offset(a.g, p, tok, hv), v_base = row_offset(a.v, p, tok, hv);
     for (int64_t i = 0; i < K; ++i) {
-      in.q[size_t(i)] = load_element(a.q, qk_base + i);
-      in.k[size_t(i)] = load_element(a.k, qk_base + i);
+      in.q[size_t(i)] = load_element(a.q, q_base + i);
+      in.k[size_t(i)] = load_element(a.k, k_base + i);
       in.g[size_t(i)] = load_element(a.g, g_base + i);
     }
-    in.beta = load_element(a.beta, tok * HV + hv);
+    in.beta = load_element(a.beta, row_offset(a.beta, p, tok, hv));
     for (int64_t j = 0; j < V; ++j) in.v[size_t(j)] = load_element(a.v, v_base + j);
-    reference_detail::token_step(S, in, flags, rate, bias, &(*plan.out)[size_t(v_base)]);
+    const int64_t out_base = (tok * HV + hv) * V;  // the private [T_total, HV, V] buffer
+    reference_detail::token_step(S, in, flags, rate, bias, &(*plan.out)[size_t(out_base)]);
   }
 
   if (plan.final_state)
@@ -135,7 +155,7 @@ void reference_forward(const ForwardArgs& args, int num_threads) {
 
   // Results go to private buffers first so that out and final_state are written only after
   // everything succeeded, and so that final_state may alias initial_state.
-  std::vector<double> out(size_t(p.batch * p.seqlen * HV * V));
+  std::vector<double> out(size_t(p.batch * p.seqlen * HV * V), 0.0);  // padded pool entries' rows stay 0
   std::vector<double> final_state;
   plan.out = &out;
   if (args.final_state.defined()) {
@@ -144,15 +164,25 @@ void reference_forward(const ForwardArgs& args, int num_threads) {
   }
   run_all(plan, num_threads);
 
-  for (size_t i = 0; i < out.size(); ++i) store_element(args.out, int64_t(i), out[i]);
+  for (int64_t tok = 0; tok < p.batch * p.seqlen; ++tok)
+    for (int64_t hv = 0; hv < HV; ++hv) {
+      const int64_t dst = row_offset(args.out, p, tok, hv);
+      for (int64_t j = 0; j < V; ++j) store_element(args.out, dst + j, out[size_t((tok * HV + hv) * V + j)]);
+    }
   if (args.final_state.defined()) {
-    for (int64_t nh = 0; nh < p.num_seqs * HV; ++nh) {
-      const double* S = &final_state[size_t(nh * K * V)];
-      for (int64_t i = 0; i < K; ++i)
-        for (int64_t j = 0; j < V; ++j) {
-          const int64_t dst = args.state_layout == StateLayout::VFirst ? j * K + i : i * V + j;
-          store_element(args.final_state, nh * K * V + dst, S[i * V + j]);
-        }
+    // In sequence order: with a pool, a slot two sequences share keeps the later one's state.
+    for (int64_t n = 0; n < p.num_seqs; ++n) {
+      const int64_t slot = state_slot(args, n);
+      if (slot < 0) continue;  // padded: its slot is not written
+      for (int64_t hv = 0; hv < HV; ++hv) {
+        const double* S = &final_state[size_t((n * HV + hv) * K * V)];
+        const int64_t base = (slot * HV + hv) * K * V;
+        for (int64_t i = 0; i < K; ++i)
+          for (int64_t j = 0; j < V; ++j) {
+            const int64_t dst = args.state_layout == StateLayout::VFirst ? j * K + i : i * V + j;
+            store_element(args.final_state, base + dst, S[i * V + j]);
+          }
+      }
     }
   }
 }

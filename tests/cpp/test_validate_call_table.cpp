@@ -18,7 +18,7 @@ using flash_kda::TensorSpec;
 TEST(CallTable, ListsEveryTensorFieldOnceInApiOrder) {
   const std::vector<std::string> expected = {"q",       "k",          "v",             "g",           "beta",
                                              "out",     "A_log",      "dt_bias",       "cu_seqlens",  "initial_state",
-                                             "final_state", "cu_seqlens_cpu"};
+                                             "final_state", "cu_seqlens_cpu", "ssm_state_indices"};
   std::vector<std::string> names;
   std::set<const TensorView*> members;
   const ForwardArgs probe;

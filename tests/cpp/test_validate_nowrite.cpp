@@ -24,7 +24,7 @@ TEST(ValidateNoWrite, ReferenceForwardLeavesBuffersUntouched) {
       {"lower_bound", [](Call& c) { c.args.lower_bound = 0.5; }},
       {"k shape", [](Call& c) { c.args.k = c.make(DType::F32, {1, 12, 2, 8}); }},
       {"cu_seqlens last", [](Call& c) { c.set_cu({0, 3, 5, 7}); }},
-      {"state dtype", [](Call& c) { c.args.final_state.dtype = DType::BF16; }},
+      {"state dtype", [](Call& c) { c.args.final_state.dtype = DType::F16; }},
       {"out aliases v", [](Call& c) { c.args.out.data = c.args.v.data; }},
       {"scale", [](Call& c) { c.args.scale = -1.0; }},
   };

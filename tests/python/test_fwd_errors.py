@@ -81,9 +81,17 @@ def _int64():
     return torch.int64
 
 
-def _non_contiguous(t):
-    """Same shape and values as t, strides not row-major."""
-    return t.transpose(0, 1).contiguous().transpose(0, 1)
+def _last_dim_strided(t):
+    """Same shape and values as t, the last dimension not of unit stride."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def _misaligned_rows(t):
+    """Same shape and values as t, rows 8 bytes apart from 16-byte alignment (a slice of a
+    buffer whose rows have 4 more bf16 elements)."""
+    buf = t.new_zeros((*t.shape[:-1], t.shape[-1] + 4))
+    buf[..., :t.shape[-1]] = t
+    return buf[..., :t.shape[-1]]
 
 
 # (id, base case, edit(kw) -> None, argument the error must name)
@@ -98,11 +106,16 @@ BAD = [
     ("qk_head_dim_64", FIXED, lambda kw: kw.update(  # g and dt_bias follow K, so K = 64 is the one defect
         q=kw["q"][..., :64].contiguous(), k=kw["k"][..., :64].contiguous(), g=kw["g"][..., :64].contiguous(),
         dt_bias=kw["dt_bias"][:, :64].contiguous(), initial_state=None, final_state=None), "q"),
-    ("q_non_contiguous", FIXED, lambda kw: kw.update(q=_non_contiguous(kw["q"])), "q"),
+    ("q_last_dim_strided", FIXED, lambda kw: kw.update(q=_last_dim_strided(kw["q"])), "q"),
+    ("k_rows_misaligned", FIXED, lambda kw: kw.update(k=_misaligned_rows(kw["k"])), "k"),
     ("v_on_host", FIXED, lambda kw: kw.update(v=kw["v"].cpu()), "v"),
     ("out_fp32", FIXED, lambda kw: kw.update(out=kw["out"].float()), "out"),
     ("out_wrong_shape", FIXED, lambda kw: kw.update(out=kw["out"][:, :-1].contiguous()), "out"),
-    ("out_non_contiguous", FIXED, lambda kw: kw.update(out=_non_contiguous(kw["out"])), "out"),
+    ("out_last_dim_strided", FIXED, lambda kw: kw.update(out=_last_dim_strided(kw["out"])), "out"),
+    ("out_rows_misaligned", FIXED, lambda kw: kw.update(out=_misaligned_rows(kw["out"])), "out"),
+    ("initial_state_not_contiguous", FIXED,
+     lambda kw: kw.update(initial_state=kw["initial_state"].transpose(0, 1).contiguous().transpose(0, 1)),
+     "initial_state"),
     ("out_is_q", FIXED, lambda kw: kw.update(out=kw["q"]), "out"),
     ("out_is_v", FIXED, lambda kw: kw.update(out=kw["v"]), "out"),
     ("scale_negative", FIXED, lambda kw: kw.update(scale=-1.0), "scale"),
@@ -115,8 +128,7 @@ BAD = [
      "initial_state"),
     ("initial_state_fp16", FIXED,
      lambda kw: kw.update(initial_state=kw["initial_state"].half(), final_state=None), "initial_state"),
-    ("final_state_dtype_differs", FIXED, lambda kw: kw.update(final_state=kw["final_state"].bfloat16()),
-     "final_state"),
+    ("final_state_fp16", FIXED, lambda kw: kw.update(final_state=kw["final_state"].half()), "final_state"),
     ("final_state_wrong_shape", FIXED, lambda kw: kw.update(final_state=kw["final_state"][:, :2].contiguous()),
      "final_state"),
     ("cu_seqlens_with_batch_2", FIXED,

@@ -18,7 +18,7 @@ namespace {
 
 // The byte strides of a validated per-token tensor ([B, T, heads, D] or [B, T, HV] for beta;
 // row_layout.h): the head dimension is dimension 2 in both.
-[[maybe_unused]] RowLayout row_layout(const TensorView& t, const ProblemShape& p) {
+RowLayout row_layout(const TensorView& t, const ProblemShape& p) {
   const int64_t es = dtype_size(t.dtype);
   RowLayout r;
   r.seq_stride = p.varlen ? 0 : t.strides[0] * es;
@@ -86,15 +86,29 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
   pp.lower_bound = static_cast<float>(a.lower_bound);
   pp.records = records;
 
+  // The states: each its own dtype; with ssm_state_indices, pools of P slots (validated: the
+  // same P for both).
+  StatePool pool;
+  if (a.ssm_state_indices.defined()) {
+    pool.indices = a.ssm_state_indices.data;
+    pool.indices_64 = a.ssm_state_indices.dtype == DType::I64;
+    pool.num_slots = (a.initial_state.defined() ? a.initial_state : a.final_state).shape[0];
+  }
+  const void* initial_state = a.initial_state.defined() ? a.initial_state.data : nullptr;
+  void* final_state = a.final_state.defined() ? a.final_state.data : nullptr;
+  const bool initial_is_f32 = a.initial_state.defined() && a.initial_state.dtype == DType::F32;
+  const bool final_is_f32 = a.final_state.defined() && a.final_state.dtype == DType::F32;
+  const bool k_first = a.state_layout == StateLayout::KFirst;
+  const RowLayout out_rows = row_layout(a.out, p);
+
   ChainParams chain{};
   chain.records = records;
   chain.v = a.v.data;
+  chain.v_rows = row_layout(a.v, p);
   chain.seqs = seqs;
+  chain.pool = pool;
   chain.value_heads = static_cast<int>(p.value_heads);
-  const void* initial_state = a.initial_state.defined() ? a.initial_state.data : nullptr;
-  void* final_state = a.final_state.defined() ? a.final_state.data : nullptr;
-  const TensorView& st = a.initial_state.defined() ? a.initial_state : a.final_state;
-  const bool state_is_f32 = st.defined() && st.dtype == DType::F32;
+  chain.state_k_first = k_first;
 
   if (plan.segments()) {  // one window: stage 1, segment maps, scan, segments from their starts
     pp.slot_begin = 0;
@@ -114,15 +128,18 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
     sp.seg_maps = seg_maps;
     sp.seg_states = seg_states;
     sp.initial_state = initial_state;
-    sp.state_is_f32 = state_is_f32;
+    sp.initial_is_f32 = initial_is_f32;
+    sp.state_k_first = k_first;
+    sp.pool = pool;
     check_cuda(launch_segment_scan(sp, plan.segment_scan, ctx, stream), "segment scan launch");
     SegmentFinishParams fp{};
     static_cast<ChainParams&>(fp) = chain;
     fp.seg_len = plan.seg_len;
     fp.max_segs = plan.max_segs;
     fp.out = a.out.data;
+    fp.out_rows = out_rows;
     fp.final_state = final_state;
-    fp.state_is_f32 = state_is_f32;
+    fp.final_is_f32 = final_is_f32;
     fp.seg_states = seg_states;
     check_cuda(launch_segment_finish(fp, plan.segment_finish, ctx, stream), "segment finish launch");
     return;
@@ -134,9 +151,11 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
   WindowParams rp{};
   static_cast<ChainParams&>(rp) = chain;
   rp.out = a.out.data;
+  rp.out_rows = out_rows;
   rp.initial_state = initial_state;
   rp.final_state = final_state;
-  rp.state_is_f32 = state_is_f32;
+  rp.initial_is_f32 = initial_is_f32;
+  rp.final_is_f32 = final_is_f32;
   const size_t window_records = size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes;
   if (plan.pipelined()) check_cuda(cudaMemsetAsync(done, 0, plan.bytes.done, stream), "cudaMemsetAsync (window counts)");
   for (int64_t w = 0; w < plan.num_windows; ++w) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "sm90/common/record.h"
+#include "sm90/common/row_layout.h"
 #include "sm90/common/seq_index.h"
 
 namespace flash_kda::sm90 {
@@ -40,20 +41,42 @@ struct PrepareParams {
   int64_t slot_begin, slot_end;
 };
 
+/// Which state slot each sequence reads and writes: sequence n itself, or, with a state pool,
+/// ssm_state_indices[n] (forward.h). Index values are on the device and unchecked, so an entry
+/// outside [0, num_slots) reads as -1 (padded: skipped), which keeps every access in the pool.
+struct StatePool {
+  const void* indices = nullptr;  // int32 / int64 [N], or nullptr: slot n
+  bool indices_64 = false;
+  int64_t num_slots = 0;          // P (pool slots; unused without indices)
+#if defined(__CUDACC__)
+  /// Slot of sequence n, or -1 for a padded (or out-of-range) entry.
+  __device__ __forceinline__ int64_t slot(int64_t n) const {
+    if (indices == nullptr) return n;
+    const int64_t s = indices_64 ? static_cast<const int64_t*>(indices)[n]
+                                 : static_cast<int64_t>(static_cast<const int32_t*>(indices)[n]);
+    return s >= 0 && s < num_slots ? s : -1;
+  }
+#endif
+};
+
 /// What every state pass reads.
 struct ChainParams {
   const char* records;          // [(slot - slot_begin) * HV + hv] (slot_begin 0 with segments)
-  const void* v;                // bf16 [.., HV, V]: U0 = Av v
+  const void* v;                // bf16 [.., HV, V] at v_rows: U0 = Av v
+  RowLayout v_rows;             // v's byte strides (row_layout.h)
   SeqIndex seqs;
+  StatePool pool;               // state slot of each sequence (pool prefill), -1: padded
   int value_heads;              // HV
+  bool state_k_first;           // states [.., HV, K, V] (S) instead of [.., HV, V, K] (S^T)
 };
 
 /// WindowPass: whole sequences, or the part of each that lies in [slot_begin, slot_end).
 struct WindowParams : ChainParams {
-  void* out;                    // bf16 [.., HV, V]
-  const void* initial_state;    // [N, HV, V, K] or nullptr (zero state)
-  void* final_state;            // [N, HV, V, K] or nullptr
-  bool state_is_f32;
+  void* out;                    // bf16 [.., HV, V] at out_rows
+  RowLayout out_rows;
+  const void* initial_state;    // [N or P, HV, V, K] (or K, V) or nullptr (zero state)
+  void* final_state;            // [N or P, HV, V, K] (or K, V) or nullptr
+  bool initial_is_f32, final_is_f32;
   float* carry_in;              // fp32 [HV, V, K]: state of the sequence crossing slot_begin
   float* carry_out;             // fp32 [HV, V, K]: state of the sequence crossing slot_end
   int64_t slot_begin, slot_end;
@@ -82,9 +105,10 @@ struct SegmentMapsParams : SegmentParams {
 
 /// SegmentFinishPass: every segment from the start state the scan made for it.
 struct SegmentFinishParams : SegmentParams {
-  void* out;                    // bf16 [.., HV, V]
-  void* final_state;            // [N, HV, V, K] or nullptr
-  bool state_is_f32;
+  void* out;                    // bf16 [.., HV, V] at out_rows
+  RowLayout out_rows;
+  void* final_state;            // [N or P, HV, V, K] (or K, V) or nullptr
+  bool final_is_f32;
   const float* seg_states;      // fp32 [N][max_segs][HV][V][K]: state entering segment j
 };
 
@@ -95,8 +119,10 @@ struct ScanParams {
   int64_t seg_len, max_segs;
   const float* seg_maps;
   float* seg_states;
-  const void* initial_state;  // [N, HV, V, K] or nullptr (zero state)
-  bool state_is_f32;
+  const void* initial_state;  // [N or P, HV, V, K] (or K, V) or nullptr (zero state)
+  bool initial_is_f32;
+  bool state_k_first;         // initial_state is [.., HV, K, V]
+  StatePool pool;             // the state slot sequence n starts from; -1: padded (zero start)
 };
 
 /// Bytes of one fp32 [V][K] state.
@@ -108,8 +134,8 @@ inline constexpr int64_t kStateBytes = int64_t(kHeadDim) * kHeadDim * 4;
 #define FKDA_OFFSET_FN constexpr
 #endif
 
-/// Element offset of the [V][K] state of (sequence n, value head hv) in initial_state /
-/// final_state ([N, HV, V, K]); HV value heads.
+/// Element offset of the [V][K] (or [K][V]) state of (slot n, value head hv) in initial_state /
+/// final_state ([N or P, HV, ..]); HV value heads.
 FKDA_OFFSET_FN int64_t state_offset(int64_t n, int64_t hv, int64_t HV) {
   return (n * HV + hv) * (kHeadDim * kHeadDim);
 }

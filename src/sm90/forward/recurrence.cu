@@ -166,6 +166,20 @@ __device__ __forceinline__ void produce(char* smem, uint64_t* full, uint64_t* em
   cute::cp_async_wait<0>();  // a warp leaves no copy of its own in flight behind it
 }
 
+// A padded pool entry (ChainWork::state_slot < 0) of a pass that writes out: this block's rows of
+// out (its chunks of the sequence, its NW * 16 value columns) are written as zeros, by every
+// thread of the block, 16 bytes at a time.
+template <int NW, class Params>
+__device__ __forceinline__ void write_zero_rows(const Params& p, const ChainWork& w, int v_block, int tid) {
+  constexpr int kPieces = NW * 16 * 2 / 16;  // 16-byte pieces of a row's NW * 16 bf16 columns
+  const int64_t t0 = w.seq_begin + w.c_begin * kChunk;
+  const int64_t t1 = w.seq_begin + min(w.c_end * kChunk, w.seq_len);
+  char* out = static_cast<char*>(p.out) + v_block * 2;
+  for (int64_t i = tid; i < (t1 - t0) * kPieces; i += recurrence_block_threads(NW))
+    *reinterpret_cast<uint4*>(out + p.out_rows.offset(w.n, t0 + i / kPieces, blockIdx.y) + (i % kPieces) * 16) =
+        make_uint4(0u, 0u, 0u, 0u);
+}
+
 template <int NW, class Pass>
 __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kernel(const typename Pass::Params p) {
   using L = Layout<NW>;
@@ -178,6 +192,7 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates: row group, column pair
   ChainWork w;
   if (!Pass::template locate<NW>(p, w)) return Pass::template signal_done<NW>(p, warp, lane);
+  w.state_slot = p.pool.slot(w.n);
   const int hv = blockIdx.y;
   constexpr int kColBlocks = recurrence_column_blocks(NW);
   const bool use_u0 = Pass::uses_v(w);
@@ -208,16 +223,23 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
   // visible only past this wait. A no-op for an ordinary launch.
   cudaGridDependencySynchronize();
   Pass::wait_previous(p, tid);
+  if constexpr (Pass::kWritesOut) {
+    if (w.state_slot < 0) {  // padded: no state read or written, zero rows of out
+      write_zero_rows<NW>(p, w, v_block, tid);
+      return Pass::template signal_done<NW>(p, warp, lane);
+    }
+  }
   if (warp < NW && late_start) Pass::template load_start<NW>(p, w, s, v0, g, t4);
 
   // The next chunk to load: its record, its first row of v (this block's columns) and the
   // tokens left from it, all advanced by one chunk per load. Incremental pointers: recomputed
   // per step, the index arithmetic (64-bit products, the stage modulo) is ~100 of a step's ~380
-  // instructions per warp in the H200 profile.
-  const int64_t v_row_bytes = HV * kHeadDim * 2;
+  // instructions per warp in the H200 profile. v's rows are p.v_rows.token_stride bytes apart
+  // (a strided view: row_layout.h).
+  const int64_t v_row_bytes = p.v_rows.token_stride;
   const char* rec_next = p.records + ((first + c_begin - w.slot_base) * HV + hv) * int64_t(kRecordBytes);
-  const char* v_next = static_cast<const char*>(p.v) + (seq_begin + c_begin * kChunk) * v_row_bytes +
-                       (hv * kHeadDim + v_block) * 2;
+  const char* v_next = static_cast<const char*>(p.v) + p.v_rows.offset(w.n, seq_begin + c_begin * kChunk, hv) +
+                       v_block * 2;
   int64_t left_next = seq_len - c_begin * kChunk;
   if constexpr (kHasProducer<NW>) {
     if (warp == NW) {
@@ -255,11 +277,15 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
       if (c_begin + s0 < c_end) load_next(s0, 1u);
   }
   // This lane's piece of the output rows (token row t = lane / 2, 16 bytes), advanced per chunk.
+  // out's rows are p.out_rows.token_stride bytes apart (row_layout.h).
   const int out_t = lane / 2;
-  __nv_bfloat16* out_next = nullptr;
-  if constexpr (Pass::kWritesOut)
-    out_next = static_cast<__nv_bfloat16*>(p.out) + ((seq_begin + c_begin * kChunk + out_t) * HV + hv) * kHeadDim +
-               v0 + (lane % 2) * 8;
+  char* out_next = nullptr;
+  int64_t out_step = 0;  // bytes from a chunk's rows to the next chunk's
+  if constexpr (Pass::kWritesOut) {
+    out_next = static_cast<char*>(p.out) + p.out_rows.offset(w.n, seq_begin + c_begin * kChunk + out_t, hv) +
+               (v0 + (lane % 2) * 8) * 2;
+    out_step = kChunk * p.out_rows.token_stride;
+  }
   int64_t left = seq_len - c_begin * kChunk;  // tokens from the current chunk on
 
   // The chunk loop, with the pass's branches resolved at compile time (kOut: write out, else
@@ -296,7 +322,7 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
         *reinterpret_cast<uint4*>(out_next) =
             *reinterpret_cast<const uint4*>(stage_out + out_t * 32 + ((lane % 2) ^ ((out_t / 4) & 1)) * 16);
       __syncwarp();  // the next chunk's stmatrix reuses the staging
-      out_next += kChunk * HV * kHeadDim;
+      out_next += out_step;
       left -= kChunk;
     };
 

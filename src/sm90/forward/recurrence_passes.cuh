@@ -13,6 +13,10 @@
 //   SegmentFinishPass SegmentFinishParams  every segment; start: the scan's seg_states; writes
 //                                          out; end: the final state, last segment only
 //
+// The caller's states (initial_state, final_state) are read and written in v-first or k-first
+// layout, fp32 or bf16 each, at the sequence's state slot (ChainParams::pool); these choices are
+// block-uniform branches around the loads and stores, outside the chunk loop.
+//
 // The one run-time choice left is SegmentMapsPass's P or Q, by the block's grid z (one launch
 // makes both maps of every segment); the kernel then runs one of its two chunk loops (U0 = 0 or
 // U0 = Av v), each resolved at compile time.
@@ -25,6 +29,7 @@
 
 #include <cuda/atomic>
 
+#include "sm90/common/bf16.cuh"
 #include "sm90/forward/kernel_shapes.h"
 #include "sm90/forward/params.h"
 
@@ -37,6 +42,7 @@ struct ChainWork {
   int64_t n;
   int64_t seg;
   int part;  // SegmentMapsPass: 0 = P (from X = I, U0 = 0), 1 = Q (from X = 0); else 0
+  int64_t state_slot;  // the slot of n's states (StatePool::slot); -1: padded, skipped
   int64_t first, seq_begin, seq_len, num_chunks;
   int64_t c_begin, c_end;
 };
@@ -55,12 +61,63 @@ __device__ __forceinline__ void for_each_state_pair(int v0, int g, int t4, F&& f
     for (int half = 0; half < 2; ++half) f(nt, half, v0 + g + 8 * half, nt * 8 + 2 * t4);
 }
 
-/// Two adjacent elements of a final state ([N, HV, V, K], fp32 or bf16) at element offset `off`.
+/// This lane's part of the caller's state at element offset `base` (one [V][K] or [K][V] head
+/// state; fp32 or bf16) into s. v-first: S^T[v][k], S^T[v][k + 1] are adjacent, one 8-byte or
+/// 4-byte load. k-first: they are S[k][v] and S[k + 1][v], V apart, so each is loaded alone; the
+/// 8 lanes of a row group g read 8 consecutive v of one k, so a warp's load touches four whole
+/// 32-byte sectors (fp32), or four halves (bf16, whose other halves the rows v + 8 read next).
+__device__ __forceinline__ void load_state(StateRegs& s, const void* state, bool is_f32, bool k_first, int64_t base,
+                                           int v0, int g, int t4) {
+  if (!k_first) {
+    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+      const int64_t off = base + int64_t(v) * kHeadDim + k;
+      const float2 x = is_f32 ? *reinterpret_cast<const float2*>(static_cast<const float*>(state) + off)
+                              : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
+                                    static_cast<const __nv_bfloat16*>(state) + off));
+      s[nt][2 * half] = x.x;
+      s[nt][2 * half + 1] = x.y;
+    });
+  } else {
+    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+      const int64_t off = base + int64_t(k) * kHeadDim + v;
+      s[nt][2 * half] = load_f(state, off, is_f32);
+      s[nt][2 * half + 1] = load_f(state, off + kHeadDim, is_f32);
+    });
+  }
+}
+
+/// Two adjacent elements of a v-first final state ([.., HV, V, K], fp32 or bf16) at element
+/// offset `off`.
 __device__ __forceinline__ void store_state_pair(void* state, bool is_f32, int64_t off, float2 x) {
   if (is_f32)
     *reinterpret_cast<float2*>(static_cast<float*>(state) + off) = x;
   else
     *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(state) + off) = __floats2bfloat162_rn(x.x, x.y);
+}
+
+/// One element of a final state at element offset `off`, rounded to its dtype.
+__device__ __forceinline__ void store_state_elem(void* state, bool is_f32, int64_t off, float x) {
+  if (is_f32)
+    static_cast<float*>(state)[off] = x;
+  else
+    static_cast<__nv_bfloat16*>(state)[off] = __float2bfloat16_rn(x);
+}
+
+/// This lane's part of s into the caller's state at element offset `base` (the layouts and
+/// access pattern of load_state).
+__device__ __forceinline__ void store_state(void* state, bool is_f32, bool k_first, int64_t base, const StateRegs& s,
+                                            int v0, int g, int t4) {
+  if (!k_first) {
+    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+      store_state_pair(state, is_f32, base + int64_t(v) * kHeadDim + k, make_float2(s[nt][2 * half], s[nt][2 * half + 1]));
+    });
+  } else {
+    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+      const int64_t off = base + int64_t(k) * kHeadDim + v;
+      store_state_elem(state, is_f32, off, s[nt][2 * half]);
+      store_state_elem(state, is_f32, off + kHeadDim, s[nt][2 * half + 1]);
+    });
+  }
 }
 
 struct WindowPass {
@@ -104,25 +161,24 @@ struct WindowPass {
     return w.c_begin > 0 && p.done_in != nullptr;
   }
 
+  /// The carry of the window before, or the initial state at the sequence's slot, or zero
+  /// (no initial_state, or a padded pool entry).
   template <int NW>
   static __device__ __forceinline__ void load_start(const Params& p, const ChainWork& w, StateRegs& s, int v0, int g,
                                                     int t4) {
-    const int64_t HV = p.value_heads;
-    const int64_t base = state_offset(w.n, blockIdx.y, HV);
-    const bool from_carry = w.c_begin > 0;
-    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
-      float2 x = make_float2(0.f, 0.f);
-      if (from_carry) {
-        x = *reinterpret_cast<const float2*>(p.carry_in + (int64_t(blockIdx.y) * kHeadDim + v) * kHeadDim + k);
-      } else if (p.initial_state != nullptr) {
-        const int64_t off = base + int64_t(v) * kHeadDim + k;
-        x = p.state_is_f32 ? *reinterpret_cast<const float2*>(static_cast<const float*>(p.initial_state) + off)
-                           : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(
-                                 static_cast<const __nv_bfloat16*>(p.initial_state) + off));
-      }
-      s[nt][2 * half] = x.x;
-      s[nt][2 * half + 1] = x.y;
-    });
+    if (w.c_begin > 0) {
+      for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+        const float2 x =
+            *reinterpret_cast<const float2*>(p.carry_in + (int64_t(blockIdx.y) * kHeadDim + v) * kHeadDim + k);
+        s[nt][2 * half] = x.x;
+        s[nt][2 * half + 1] = x.y;
+      });
+    } else if (p.initial_state != nullptr && w.state_slot >= 0) {
+      load_state(s, p.initial_state, p.initial_is_f32, p.state_k_first,
+                 state_offset(w.state_slot, blockIdx.y, p.value_heads), v0, g, t4);
+    } else {
+      for_each_state_pair(v0, g, t4, [&](int nt, int half, int, int) { s[nt][2 * half] = s[nt][2 * half + 1] = 0.f; });
+    }
   }
 
   /// Pipelined windows: stage 1 of this window does not wait for the previous window's pass,
@@ -148,15 +204,15 @@ struct WindowPass {
     const int64_t HV = p.value_heads;
     const int hv = blockIdx.y;
     const bool done = w.c_end == w.num_chunks;
-    if (done && p.final_state == nullptr) return signal_done<NW>(p, warp, lane);
-    const int64_t base = state_offset(w.n, hv, HV);
-    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
-      const float2 x = make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
-      if (!done)
-        *reinterpret_cast<float2*>(p.carry_out + (int64_t(hv) * kHeadDim + v) * kHeadDim + k) = x;
-      else
-        store_state_pair(p.final_state, p.state_is_f32, base + int64_t(v) * kHeadDim + k, x);
-    });
+    if (done && (p.final_state == nullptr || w.state_slot < 0)) return signal_done<NW>(p, warp, lane);
+    if (!done) {
+      for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
+        *reinterpret_cast<float2*>(p.carry_out + (int64_t(hv) * kHeadDim + v) * kHeadDim + k) =
+            make_float2(s[nt][2 * half], s[nt][2 * half + 1]);
+      });
+    } else {
+      store_state(p.final_state, p.final_is_f32, p.state_k_first, state_offset(w.state_slot, hv, HV), s, v0, g, t4);
+    }
     signal_done<NW>(p, warp, lane);
   }
 };
@@ -254,12 +310,9 @@ struct SegmentFinishPass : SegmentPassBase {
   template <int NW>
   static __device__ __forceinline__ void store_end(const Params& p, const ChainWork& w, const StateRegs& s, int v0,
                                                    int g, int t4, int, int) {
-    if (w.c_end != w.num_chunks || p.final_state == nullptr) return;
-    const int64_t base = state_offset(w.n, blockIdx.y, p.value_heads);
-    for_each_state_pair(v0, g, t4, [&](int nt, int half, int v, int k) {
-      store_state_pair(p.final_state, p.state_is_f32, base + int64_t(v) * kHeadDim + k,
-                       make_float2(s[nt][2 * half], s[nt][2 * half + 1]));
-    });
+    if (w.c_end != w.num_chunks || p.final_state == nullptr || w.state_slot < 0) return;
+    store_state(p.final_state, p.final_is_f32, p.state_k_first, state_offset(w.state_slot, blockIdx.y, p.value_heads),
+                s, v0, g, t4);
   }
 };
 

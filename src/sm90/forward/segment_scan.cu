@@ -1,6 +1,7 @@
 // Segment scan of the segment-parallel forward (params.h; between SegmentMapsPass and
 // SegmentFinishPass): X_{j+1} = X_j P_j + Q_j for j = 0 .. segments - 2, X_0 the initial state, with
-// X = S^T [V x K]; every X_j lands in seg_states, X_0 included, so that the finishing pass never
+// X = S^T [V x K]; X_0 is read from initial_state in either layout (at the sequence's state
+// slot; zero for a padded pool entry); every X_j lands in seg_states, X_0 included, so that the finishing pass never
 // reads initial_state (it may be the final_state buffer, written by another block there). The
 // rows of X are independent, so each block owns 16 rows of one (sequence, head) and walks the
 // segments in order; fp32 throughout (these products compound over the whole sequence, so they
@@ -44,16 +45,35 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
       *reinterpret_cast<float4*>(out + h * 8 * kHeadDim) = make_float4(x[h][0], x[h][1], x[h][2], x[h][3]);
   };
 
+  // X_0: the initial state at the sequence's slot, or zero (none, or a padded pool entry).
   float x[2][4];
-  {
-    const int64_t off = ((n * HV + hv) * kHeadDim + v0) * kHeadDim + k0;
+  const int64_t slot = p.pool.slot(n);
+  const bool from_state = p.initial_state != nullptr && slot >= 0;
+  if (from_state && p.state_k_first) {
+    // [K][V]: this block's 16 rows of X are 16 consecutive v of each of the 128 k rows. Thread
+    // tid reads v = tid % 16 of k = tid / 16 + 16 i (16 threads: 64 or 32 contiguous bytes),
+    // through X, instead of its own x elements (4 bytes from 32 different k rows per warp).
+    const int64_t base = (slot * HV + hv) * kHeadDim * kHeadDim + blockIdx.z * kRows;
+#pragma unroll 4
+    for (int i = 0; i < kHeadDim * kRows / kThreads; ++i) {
+      const int e = i * kThreads + tid, vr = e % kRows, k = e / kRows;
+      X[vr][k] = load_f(p.initial_state, base + int64_t(k) * kHeadDim + vr, p.initial_is_f32);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[h][i] = X[r0 + 8 * h][k0 + i];
+    store(0, x);
+  } else {
+    const int64_t off = ((slot * HV + hv) * kHeadDim + v0) * kHeadDim + k0;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t e = off + h * 8 * kHeadDim + i;
         x[h][i] = 0.f;
-        if (p.initial_state != nullptr) x[h][i] = load_f(p.initial_state, e, p.state_is_f32);
+        if (from_state) x[h][i] = load_f(p.initial_state, e, p.initial_is_f32);
         X[r0 + 8 * h][k0 + i] = x[h][i];
       }
     store(0, x);

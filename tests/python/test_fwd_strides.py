@@ -1,0 +1,79 @@
+"""flash_kda.fwd on strided views, read and written in place: q, k, v as slices of one fused
+projection ``qkv = x.view(B, T, 3, H, K)`` (token stride 3*H*K), g as ``buf[:, 3:3 + T]`` of a
+longer buffer, beta as ``buf[..., :HV]`` of a wider one, out as ``buf[:, :T]`` of a longer one.
+Each must give the contiguous call's bits exactly (the same function; only addresses differ),
+on the window path (small forced windows, carried state) and the segment-parallel path, fixed
+length and varlen; rows of the buffers outside the views stay untouched.
+
+The bf16 -> fp32 state pair that fla's FlashKDA backend passes is checked against the fp64
+reference (relative Frobenius error <= 1e-2).
+"""
+from __future__ import annotations
+
+import pytest
+
+from fwd_cases import Case, check_against_reference, make_inputs, new_outputs
+
+from flash_kda import LaunchOptions
+
+pytestmark = pytest.mark.cuda_sm90
+
+CASES = [
+    Case("strided_fixed_B2_T100_H2_fp32", heads=2, seqlen=100, batch=2, state="fp32"),
+    Case("strided_varlen_H2_bf16", heads=2, seq_lens=(40, 0, 1, 70, 33), state="bf16"),
+]
+PATHS = {"plan": None, "windows3": LaunchOptions(window_slots=3), "segments3": LaunchOptions(segments=3)}
+
+
+def _fwd(x, q, k, v, g, beta, out, final_state, options):
+    import flash_kda
+
+    flash_kda.fwd(q, k, v, g, beta, x.scale, out, x.A_log, x.dt_bias, x.lower_bound,
+                  initial_state=x.initial_state, final_state=final_state, cu_seqlens=x.cu_seqlens,
+                  launch_options=options)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_strided_views_equal_contiguous(case, path):
+    import torch
+
+    x = make_inputs(case)
+    options = PATHS[path]
+    out, final_state = new_outputs(x)
+    _fwd(x, x.q, x.k, x.v, x.g, x.beta, out, final_state, options)
+
+    B, T, H, K = x.q.shape
+    HV = x.v.shape[2]
+    assert HV == H
+    qkv = torch.stack([x.q, x.k, x.v], dim=2)  # [B, T, 3, H, K], one buffer
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    assert q.stride(1) == 3 * H * K and not q.is_contiguous()
+    g_buf = torch.full((B, T + 6, HV, K), float("nan"), dtype=x.g.dtype, device=x.g.device)
+    g_buf[:, 3:3 + T] = x.g
+    beta_buf = torch.full((B, T, HV + 8), float("nan"), dtype=x.beta.dtype, device=x.beta.device)
+    beta_buf[..., :HV] = x.beta
+    out_buf = torch.full((B, T + 5, HV, K), -7.0, dtype=out.dtype, device=out.device)
+    out_view = out_buf[:, :T]
+    final2 = None if final_state is None else torch.full_like(final_state, float("nan"))
+    _fwd(x, q, k, v, g_buf[:, 3:3 + T], beta_buf[..., :HV], out_view, final2, options)
+    torch.cuda.synchronize()
+
+    assert torch.equal(out_view, out), f"{case.name} {path}: strided out differs from the contiguous call"
+    assert (out_buf[:, T:] == -7.0).all(), "a row past the out view was written"
+    if final_state is not None:
+        assert torch.equal(final2, final_state), f"{case.name} {path}: final_state differs"
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_bf16_initial_fp32_final(path):
+    """fla's FlashKDA backend: a bf16 initial_state with an fp32 final_state."""
+    import torch
+
+    case = Case("mixed_state_bf16_to_fp32", heads=2, seq_lens=(300, 0, 17, 129), state="bf16")
+    x = make_inputs(case)
+    out, final_bf16 = new_outputs(x)
+    final_state = torch.full(final_bf16.shape, float("nan"), dtype=torch.float32, device=out.device)
+    _fwd(x, x.q, x.k, x.v, x.g, x.beta, out, final_state, PATHS[path])
+    torch.cuda.synchronize()
+    check_against_reference(x, out, final_state, bound=1e-2)
