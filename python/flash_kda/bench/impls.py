@@ -62,10 +62,10 @@ def count_calls(owner, name: str) -> Iterator[list[int]]:
 
 
 def count_flash_kda_calls():
-    """count_calls of flash_kda.fwd."""
+    """count_calls of flash_kda.chunk_kda, what fla's chunk_kda backend calls (flash_kda/_fla_chunk.py)."""
     import flash_kda
 
-    return count_calls(flash_kda, "fwd")
+    return count_calls(flash_kda, "chunk_kda")
 
 
 def chunk_kda_kwargs(x: Inputs) -> dict:
