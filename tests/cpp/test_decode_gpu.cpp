@@ -172,6 +172,23 @@ std::vector<GpuCase> gpu_cases() {
   // Small and GVA-heavy shapes: 1 x 32 heads (2-warp blocks), 1 q/k head for 8 value heads.
   cases.push_back(make_case("n1_hv32_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32, DType::BF16, 1, 32, 32));
   cases.push_back(make_case("gva_h1_hv8_T2", GateMode::Softplus, StateLayout::KFirst, 2, true, DType::BF16, DType::BF16, 3, 1, 8));
+  // Persistent grid: many more work items than resident blocks (odd N x 8 heads x 4 slices
+  // over <= 528 blocks), so every block computes many items with the next ones in flight
+  // (fp32 pools 1 behind, bf16 2), padded and out-of-range slots among them.
+  cases.push_back(make_case("persistent_vfirst_fp32pool_n131_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false,
+                            DType::F32, DType::BF16, 131, 8, 8));
+  cases.push_back(make_case("persistent_vfirst_bf16pool_n131_T2_per_token", GateMode::Softplus, StateLayout::VFirst, 2,
+                            true, DType::BF16, DType::BF16, 131, 4, 8));
+  cases.push_back(make_case("persistent_kfirst_bf16pool_n97_T4_per_token", GateMode::PreGated, StateLayout::KFirst, 4,
+                            true, DType::BF16, DType::F32, 97, 8, 8));
+  cases.push_back(make_case("persistent_kfirst_fp32pool_n129_T3", GateMode::SafeSigmoid, StateLayout::KFirst, 3, false,
+                            DType::F32, DType::BF16, 129, 8, 8));
+  // Varlen over a persistent grid: 150 sequences of 0..9 tokens (long ones take a second and
+  // third staging group, loaded directly), [N] indices with padded slots.
+  GpuCase vlp = make_case("varlen_persistent_bf16pool", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::BF16,
+                          DType::BF16, 150, 8, 8);
+  for (int64_t n = 0; n < 150; ++n) vlp.config.base.seqlens.push_back((n * 7) % 10);
+  cases.push_back(vlp);
   // Varlen with [N] indices (a padded slot, a zero-length sequence, one longer than 16).
   GpuCase vl = make_case("varlen_per_seq", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32, DType::BF16, 5);
   vl.config.base.seqlens = {3, 1, 0, 21, 2};

@@ -1,11 +1,14 @@
 // The decode kernel's launch plan (src/sm90/decode/plan.h), host code: grid, block and shared
-// memory for small and large batches, fixed length and varlen.
+// memory for small and large batches, fixed length and varlen, both pool dtypes and layouts.
 #include <gtest/gtest.h>
 
 #if FLASH_KDA_WITH_CUDA
 #include "sm90/decode/plan.h"
 
 namespace {
+
+using flash_kda::StateLayout;
+using flash_kda::sm90::make_decode_plan;
 
 flash_kda::ProblemShape shape(int64_t n, int64_t hv, int64_t t, bool varlen) {
   flash_kda::ProblemShape p;
@@ -26,30 +29,61 @@ flash_kda::sm90::DeviceProps h200() {
   return d;
 }
 
-TEST(DecodePlan, SmallBatchesTakeTwoWarpBlocks) {
-  const auto plan = flash_kda::sm90::make_decode_plan(shape(1, 32, 1, false), h200());
+TEST(DecodePlan, SmallBatchesTakeTwoWarpBlocksOneItemEach) {
+  const auto plan = make_decode_plan(shape(1, 32, 1, false), h200(), 4, StateLayout::VFirst);
   EXPECT_EQ(plan.warps, 2);
   EXPECT_EQ(plan.slices, 8);
   EXPECT_EQ(plan.launch.block, 64u);
-  EXPECT_EQ(plan.launch.grid_x, 32u * 8u);
+  EXPECT_EQ(plan.items, 32 * 8);
+  EXPECT_EQ(plan.launch.grid_x, 32u * 8u);  // fewer items than resident blocks: one each
 }
 
-TEST(DecodePlan, LargeBatchesTakeFourWarpBlocks) {
-  const auto plan = flash_kda::sm90::make_decode_plan(shape(1024, 96, 4, false), h200());
-  EXPECT_EQ(plan.warps, 4);
-  EXPECT_EQ(plan.slices, 4);
-  EXPECT_EQ(plan.launch.grid_x, 1024u * 96u * 4u);
-  EXPECT_EQ(plan.token_group, 4);
-  EXPECT_LE(plan.launch.smem_bytes, 48 * 1024);
+TEST(DecodePlan, LargeBatchesTakeAPersistentGrid) {
+  // v-first: 3 blocks of 4 warps per SM (registers); k-first: 4.
+  const auto v = make_decode_plan(shape(1024, 96, 4, false), h200(), 4, StateLayout::VFirst);
+  EXPECT_EQ(v.warps, 4);
+  EXPECT_EQ(v.slices, 4);
+  EXPECT_EQ(v.items, 1024 * 96 * 4);
+  EXPECT_EQ(v.token_group, 4);
+  EXPECT_EQ(v.blocks_per_sm, 3);
+  EXPECT_EQ(v.launch.grid_x, 132u * 3u);
+  const auto k = make_decode_plan(shape(1024, 96, 1, false), h200(), 2, StateLayout::KFirst);
+  EXPECT_EQ(k.blocks_per_sm, 4);
+  EXPECT_EQ(k.launch.grid_x, 132u * 4u);
+  // A grid never exceeds the items, and a restricted SM count shrinks it.
+  flash_kda::sm90::DeviceProps small = h200();
+  small.num_sms = 16;
+  EXPECT_EQ(make_decode_plan(shape(1024, 96, 1, false), small, 4, StateLayout::VFirst).launch.grid_x, 16u * 3u);
+}
+
+TEST(DecodePlan, SharedMemoryFitsTheResidentBlocks) {
+  for (int bytes : {2, 4})
+    for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
+      for (int64_t t : {1, 2, 4, 16}) {
+        const auto plan = make_decode_plan(shape(512, 32, t, false), h200(), bytes, layout);
+        const int per_block = plan.launch.smem_bytes + flash_kda::sm90::kSm90SmemReservedPerBlock;
+        EXPECT_LE(plan.blocks_per_sm * per_block, flash_kda::sm90::kSm90SmemPerSm) << bytes << " " << t;
+        EXPECT_GE(plan.blocks_per_sm, 1);
+        // The attribute is the kernel's largest request, the same on every call.
+        EXPECT_GE(plan.launch.smem_attr, plan.launch.smem_bytes);
+        EXPECT_EQ(plan.launch.smem_attr, flash_kda::sm90::decode_smem_bytes(4, 16, bytes));
+        EXPECT_LE(plan.launch.smem_attr, 227 * 1024);
+      }
+  // The layout of the slots: bf16 pools keep two items in flight, fp32 one.
+  EXPECT_EQ(flash_kda::sm90::decode_stages(2), 2);
+  EXPECT_EQ(flash_kda::sm90::decode_stages(4), 1);
+  EXPECT_EQ(flash_kda::sm90::decode_smem_bytes(4, 1, 4),
+            flash_kda::sm90::decode_state_slot_bytes(4, 4) + 2 * flash_kda::sm90::decode_slot_bytes(4, 1));
+  EXPECT_EQ(flash_kda::sm90::decode_state_slot_bytes(4, 4), 16 * 1024);
+  EXPECT_EQ(flash_kda::sm90::decode_state_slot_bytes(4, 2), 8 * 1024);
+  EXPECT_EQ(flash_kda::sm90::decode_slot_bytes(4, 1) % 16, 0);
 }
 
 TEST(DecodePlan, TokenGroups) {
-  EXPECT_EQ(flash_kda::sm90::make_decode_plan(shape(8, 8, 16, false), h200()).token_group, 16);
-  EXPECT_EQ(flash_kda::sm90::make_decode_plan(shape(8, 8, 0, false), h200()).token_group, 1);
-  EXPECT_EQ(flash_kda::sm90::make_decode_plan(shape(8, 8, 300, true), h200()).token_group,
+  EXPECT_EQ(make_decode_plan(shape(8, 8, 16, false), h200(), 4, StateLayout::VFirst).token_group, 16);
+  EXPECT_EQ(make_decode_plan(shape(8, 8, 0, false), h200(), 4, StateLayout::VFirst).token_group, 1);
+  EXPECT_EQ(make_decode_plan(shape(8, 8, 300, true), h200(), 4, StateLayout::VFirst).token_group,
             flash_kda::sm90::kDecodeVarlenGroup);
-  // The most shared memory any call takes stays under the 48 KB default (no attribute needed).
-  EXPECT_LE(flash_kda::sm90::make_decode_plan(shape(1, 1, 16, false), h200()).launch.smem_bytes, 48 * 1024);
 }
 
 }  // namespace

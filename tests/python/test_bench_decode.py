@@ -99,7 +99,7 @@ def fake_decode(points=((1, 32, 1, "fp32", 0.004, 0.012), (1024, 96, 1, "fp32", 
         out.append({"case": c.to_dict(), "floor_bytes": decode.floor_bytes(c), "floor_ms": decode.floor_ms(c, 4e12),
                     "times": {"flash_kda": {"eager": _times(ours * 2), "graph": _times(ours)},
                               "fla": {"eager": _times(fla * 2), "graph": _times(fla)}},
-                    "errors": {}, "check": chk})
+                    "host_us": {"flash_kda": 6.25, "fla": 21.0}, "errors": {}, "check": chk})
     return {"meta": {"gpu": "NVIDIA H200", "fla": "0.6.0", "date": "2026-12-01 12:00 UTC"}, "copy_bandwidth": 4e12,
             "settings": {"iters": 3}, "planned_decode": len(out), "cases": [], "decode": out}
 
@@ -110,6 +110,7 @@ def test_decode_rows_and_summary():
     assert rows[0]["point"] == "n1_h32_t1_fp32" and rows[0]["flash_kda graph us"] == "4.0"
     assert rows[0]["fla graph us"] == "12.0" and rows[0]["speedup vs fla (graph)"] == "3.00x"
     assert rows[0]["check"] == "ok 3.0e-03/2.0e-07"
+    assert rows[0]["flash_kda host us"] == "6.2" and rows[0]["fla host us"] == "21.0"
     big = r["decode"][1]
     assert rows[1]["x floor (graph)"] == f"{1.4 / big['floor_ms']:.2f}x"
     summary = report.decode_summary(r)
@@ -132,6 +133,41 @@ def test_decode_markdown_and_json_shape(tmp_path):
     assert set(entry["times"]) == {"flash_kda", "fla"}
     assert set(entry["times"]["fla"]) == {"eager", "graph"} and "median" in entry["times"]["fla"]["graph"]
     assert "floor_ms" in entry and "check" in entry
+    assert entry["host_us"] == {"flash_kda": 6.25, "fla": 21.0}
+    assert "| flash_kda eager us | flash_kda host us | fla graph us | fla eager us | fla host us |" in md
+
+
+def test_decode_rows_without_host_times():
+    """Records written before host_us existed (or a point whose host timing raised) show "-"."""
+    r = fake_decode()
+    del r["decode"][0]["host_us"]
+    r["decode"][1]["host_us"] = {"flash_kda": 7.0}
+    rows = [dict(zip(report.DECODE_COLUMNS, row)) for row in report.decode_rows(r)]
+    assert rows[0]["flash_kda host us"] == "-" and rows[0]["fla host us"] == "-"
+    assert rows[1]["flash_kda host us"] == "7.0" and rows[1]["fla host us"] == "-"
+    assert report.DECODE_COLUMNS.index("flash_kda host us") == report.DECODE_COLUMNS.index("flash_kda eager us") + 1
+
+
+def test_host_us_per_call_is_wall_clock_per_call_without_sync_inside():
+    from flash_kda_bench import timing
+
+    events = []
+    now = [0.0]
+
+    def clock():
+        return now[0]
+
+    def fn():
+        events.append("call")
+        now[0] += 5e-6  # each call takes 5 us of host time
+
+    def sync():
+        events.append("sync")
+
+    assert timing.host_us_per_call(fn, 4, sync=sync, clock=clock) == pytest.approx(5.0)
+    assert events == ["sync"] + ["call"] * 4 + ["sync"]  # no sync between calls
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        timing.host_us_per_call(fn, 0, sync=sync, clock=clock)
 
 
 def test_write_record_merges_decode_and_keeps_cases(tmp_path, monkeypatch):

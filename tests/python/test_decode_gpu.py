@@ -206,6 +206,22 @@ def test_layouts_and_index_forms(cuda_sm90, v_first, index_mode):
         _check(kw, valid, compare_fla=not (index_mode == "seqs" and T > 1))
 
 
+@pytest.mark.parametrize("state", ["fp32", "bf16"])
+@pytest.mark.parametrize("v_first", [True, False], ids=["v_first", "k_first"])
+def test_persistent_grid_many_items_per_block(cuda_sm90, state, v_first):
+    """More work items than resident blocks (N = 263, an odd prime, x 8 heads x 4 column slices
+    = 8416 items over <= 528 blocks), so each block computes 16 or more items with the next
+    ones' copies in flight (1 behind for fp32 pools, 2 for bf16), padded slots among them."""
+    import torch
+
+    dtype = torch.float32 if state == "fp32" else torch.bfloat16
+    for T, index_mode in ((1, "seqs"), (2, "tokens")):
+        kw, valid = _problem(cuda_sm90, N=263, T=T, H=8, HV=8, state=dtype, v_first=v_first,
+                             index_mode=index_mode, padded=(0, 131, 262), accepted=index_mode == "tokens",
+                             seed=7 + T)
+        _check(kw, valid)
+
+
 def test_gva_strided_views_and_fp32_inputs(cuda_sm90):
     import torch
 

@@ -32,6 +32,9 @@ STATE_BYTES = {"fp32": 4, "bf16": 2}
 DEFAULT_SAMPLE = 8
 #: fla reads this variable at every dispatch (flash_kda/_fla.py registers the backend with it).
 FLA_ENV = "FLA_FLASH_KDA_DECODE"
+#: Eager calls whose wall-clock time gives a point's host time per call (host_us): well below
+#: the launch queue's depth, so that the host never waits on the GPU.
+HOST_CALLS = 200
 #: Safe-gate floor of every point.
 LOWER_BOUND = -5.0
 HEAD_DIM = 128
@@ -225,12 +228,16 @@ def verdict(c: dict) -> bool:
 
 
 def run_point(case: DecodeCase, args, copy_bw: float, use_fla: bool, timed) -> dict:
-    """Check and time one point; returns its JSON entry (see report.decode_rows)."""
+    """Check and time one point; returns its JSON entry (see report.decode_rows): "times"
+    (eager and CUDA-graph event timings per implementation) and "host_us" (host microseconds
+    per eager call, timing.host_us_per_call over HOST_CALLS calls, per implementation)."""
     import torch
+
+    from . import timing
 
     x = Inputs(case, args.seed)
     result: dict = {"case": case.to_dict(), "floor_bytes": floor_bytes(case), "floor_ms": floor_ms(case, copy_bw),
-                    "times": {}, "errors": {}, "check": None}
+                    "times": {}, "host_us": {}, "errors": {}, "check": None}
     ours, ours_out, ours_pool = flash_kda_call(x)
     fla, fla_out, fla_pool = fla_call(x) if use_fla else (None, None, None)
     with torch.inference_mode():
@@ -264,12 +271,15 @@ def run_point(case: DecodeCase, args, copy_bw: float, use_fla: bool, timed) -> d
                 result["check"] = chk
             except Exception as e:
                 result["errors"]["check"] = f"{type(e).__name__}: {e}"
-        if ours is not None:
-            result["times"]["flash_kda"], errs = timed("flash_kda", ours, args)
+        for label, fn in (("flash_kda", ours), ("fla", fla)):
+            if fn is None:
+                continue
+            result["times"][label], errs = timed(label, fn, args)
             result["errors"].update(errs)
-        if fla is not None:
-            result["times"]["fla"], errs = timed("fla", fla, args)
-            result["errors"].update(errs)
+            try:
+                result["host_us"][label] = timing.host_us_per_call(fn, HOST_CALLS)
+            except Exception as e:
+                result["errors"][f"{label} host"] = f"{type(e).__name__}: {e}"
     del x, ours_out, ours_pool, fla_out, fla_pool
     torch.cuda.empty_cache()
     return result

@@ -404,8 +404,8 @@ def write_markdown(results: dict, path: Path, chart: str | None = None) -> None:
 # --- the decode table (python -m flash_kda.bench --decode) -------------------------------------
 
 DECODE_COLUMNS = [
-    "point", "N", "H", "T", "state", "flash_kda graph us", "flash_kda eager us", "fla graph us",
-    "fla eager us", "speedup vs fla (graph)", "floor us", "x floor (graph)", "check",
+    "point", "N", "H", "T", "state", "flash_kda graph us", "flash_kda eager us", "flash_kda host us", "fla graph us",
+    "fla eager us", "fla host us", "speedup vs fla (graph)", "floor us", "x floor (graph)", "check",
 ]
 #: The issue's floor target applies where the floor is at least this many milliseconds.
 DECODE_FLOOR_TARGET_MS = 0.030
@@ -422,6 +422,13 @@ def decode_check_label(r: dict) -> str:
     return check_label(r, ("out_err", "state_err"))
 
 
+def _host_us(r: dict, impl: str) -> str:
+    """A point's host microseconds per eager call of impl ("-" when not measured: records
+    written before the field existed have none)."""
+    v = r.get("host_us", {}).get(impl)
+    return "-" if v is None else f"{v:.1f}"
+
+
 def decode_rows(results: dict) -> list[list[str]]:
     """One row of strings per decode point, in DECODE_COLUMNS order (times in microseconds)."""
     out = []
@@ -430,7 +437,8 @@ def decode_rows(results: dict) -> list[list[str]]:
         ours_g, ours_e = _median(r, "flash_kda", "graph"), _median(r, "flash_kda", "eager")
         fla_g, fla_e = _median(r, "fla", "graph"), _median(r, "fla", "eager")
         out.append([c["name"], str(c["num_seqs"]), str(c["heads"]), str(c["T"]), c["state"], _us(ours_g), _us(ours_e),
-                    _us(fla_g), _us(fla_e), _ratio(fla_g, ours_g), _us(r.get("floor_ms")),
+                    _host_us(r, "flash_kda"), _us(fla_g), _us(fla_e), _host_us(r, "fla"), _ratio(fla_g, ours_g),
+                    _us(r.get("floor_ms")),
                     _ratio(ours_g, r.get("floor_ms")), decode_check_label(r)])
     return out
 
@@ -481,7 +489,9 @@ def format_decode_table(results: dict) -> str:
 
 #: How to read the decode table.
 DECODE_NOTE = ("decode: N sequences of T tokens over a pool ([N] slot indices for T = 1, [N, T] for T > 1), "
-               "K = V = 128, bf16 inputs, safe gate; times are medians (us); floor = state read + writes + "
+               "K = V = 128, bf16 inputs, safe gate; times are medians (us); host us = wall-clock per eager call "
+               "over many calls without synchronising (Python + binding + launch: a graph time near it is "
+               "host-bound, not the kernel's); floor = state read + writes + "
                "inputs at the measured copy bandwidth; fla is fused_recurrent_kda_fwd (Triton) in the same run")
 
 

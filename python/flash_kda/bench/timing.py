@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+import time
 from typing import Callable
 
 
@@ -72,6 +73,30 @@ def time_graph(fn: Callable[[], object], warmup: int, iters: int) -> list[float]
     times = _event_times(graph.replay, iters)
     del graph
     return times
+
+
+def host_us_per_call(fn: Callable[[], object], calls: int, sync: Callable[[], object] | None = None,
+                     clock: Callable[[], float] = time.perf_counter) -> float:
+    """Host microseconds per eager call of fn: wall-clock time of `calls` back-to-back calls
+    with no synchronisation between them (Python, binding and launch; the GPU runs behind),
+    divided by `calls`. sync (default torch.cuda.synchronize) runs before the first call, so
+    that earlier work does not hold the launch queue, and after the last, outside the timed
+    span. `calls` must stay below the launch queue's depth (~1000), else a device-bound call
+    shows its device time. Raises ValueError for calls < 1.
+    """
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    if sync is None:
+        import torch
+
+        sync = torch.cuda.synchronize
+    sync()
+    start = clock()
+    for _ in range(calls):
+        fn()
+    elapsed = clock() - start
+    sync()
+    return elapsed / calls * 1e6
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, warmup: int = 5, iters: int = 50) -> float:

@@ -5,19 +5,27 @@
 
 namespace flash_kda::sm90 {
 
-DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device) {
+DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout) {
   DecodePlan plan;
+  const int bytes = state_bytes == 2 ? 2 : 4;
   const int64_t heads = p.num_seqs * p.value_heads;
   const int64_t sms = std::max(1, device.num_sms);
   // The state traffic is the same either way; 2-warp blocks only halve the block's share of
   // the staging (q, k, gate), which 4-warp blocks amortise over more columns.
   plan.warps = heads * 4 < 2 * sms ? 2 : 4;
   plan.slices = kDecodeHeadDim / (plan.warps * kDecodeWarpCols);
-  plan.token_group = p.varlen ? kDecodeVarlenGroup : int(std::max<int64_t>(1, p.seqlen));
-  plan.launch.grid_x = uint32_t(heads * plan.slices);
-  plan.launch.block = uint32_t(plan.warps * 32);
-  plan.launch.smem_bytes = plan.token_group * decode_token_smem_bytes(plan.warps) + 8;  // + b's padding to 8 bytes
-  plan.launch.smem_attr = plan.launch.smem_bytes;
+  plan.token_group = p.varlen ? kDecodeVarlenGroup : int(std::clamp<int64_t>(p.seqlen, 1, kDecodeMaxTokens));
+  plan.items = heads * plan.slices;
+  const int threads = plan.warps * 32;
+  const int smem = decode_smem_bytes(plan.warps, plan.token_group, bytes);
+  const int by_regs = 65536 / (decode_max_regs(layout) * threads);
+  const int by_smem = kSm90SmemPerSm / (smem + kSm90SmemReservedPerBlock);
+  const int by_threads = 2048 / threads;
+  plan.blocks_per_sm = std::max(1, std::min({by_regs, by_smem, by_threads, 32}));
+  plan.launch.grid_x = uint32_t(std::max<int64_t>(1, std::min<int64_t>(plan.items, sms * plan.blocks_per_sm)));
+  plan.launch.block = uint32_t(threads);
+  plan.launch.smem_bytes = smem;
+  plan.launch.smem_attr = decode_smem_bytes(4, kDecodeMaxTokens, bytes);
   return plan;
 }
 

@@ -1,0 +1,119 @@
+// The per-lane state fragment of the sm_90a decode kernel and the warp reductions over K that
+// it needs (decode.cu's header comment says why this split). Device code, included by decode.cu
+// only.
+#pragma once
+
+#include <cstdint>
+
+#include "flash_kda/forward.h"
+#include "sm90/decode/plan.h"
+
+namespace flash_kda::sm90::decode_detail {
+
+constexpr int kD = kDecodeHeadDim;
+constexpr int kWarpCols = kDecodeWarpCols;
+
+/// The lane's piece of its warp's 128 x 8 state slice (the layouts: decode.cu's header comment).
+template <StateLayout L, typename PoolT>
+struct Frag {
+  static constexpr bool kVFirst = L == StateLayout::VFirst;
+  static constexpr int E = 16 / int(sizeof(PoolT));  // elements per 16-byte vector
+  static constexpr int NC = 32 / E;                   // vectors per lane
+  static constexpr int NJ = kVFirst ? 1 : E;          // value columns per lane
+  /// Lane bits in which the lanes sharing a column differ: v-first 1 and 2; k-first 16, 8, ...
+  /// (4 bits for fp32, 5 for bf16).
+  static constexpr int kLaneBits = kVFirst ? 2 : (sizeof(PoolT) == 4 ? 4 : 5);
+
+  /// Element offset of vector c within the head's state ([V, K] or [K, V]); col0 = the warp's
+  /// first value column.
+  __device__ static int offset(int c, int lane, int col0) {
+    if constexpr (kVFirst) return (col0 + lane / 4) * kD + (c * 4 + lane % 4) * E;
+    else if constexpr (E == 4) return ((lane >> 1) + 16 * c) * kD + col0 + (lane & 1) * 4;
+    else return (lane + 32 * c) * kD + col0;
+  }
+  /// Key row of vector c (k-first: one row per vector); v-first: the first of its E keys.
+  __device__ static int key(int c, int lane) {
+    if constexpr (kVFirst) return (c * 4 + lane % 4) * E;
+    else if constexpr (E == 4) return (lane >> 1) + 16 * c;
+    else return lane + 32 * c;
+  }
+  /// Warp-local value column of the lane's column e.
+  __device__ static int col(int e, int lane) {
+    if constexpr (kVFirst) return lane / 4;
+    else if constexpr (E == 4) return (lane & 1) * 4 + e;
+    else return e;
+  }
+};
+
+/// N (a multiple of 4) consecutive floats of 16-byte aligned shared memory, as float4 loads.
+template <int N>
+__device__ __forceinline__ void load_row(float (&dst)[N], const float* src) {
+#pragma unroll
+  for (int x = 0; x < N / 4; ++x) {
+    const float4 t = reinterpret_cast<const float4*>(src)[x];
+    dst[4 * x] = t.x, dst[4 * x + 1] = t.y, dst[4 * x + 2] = t.z, dst[4 * x + 3] = t.w;
+  }
+}
+
+/// Sum of v[0..NV) over the 2^Bits lanes that differ in lane bits 16, 8, ... (Bits of them):
+/// a reduce-scatter (each halving level keeps half the values, the upper half where the lane's
+/// bit is set, and adds the partner's copy), then a plain all-reduce of the last value. After it
+/// v[0] is the sum of value number scatter_index(lane).
+template <int NV, int Bits>
+__device__ __forceinline__ void reduce_scatter(float (&v)[NV], int lane) {
+  int n = NV;
+#pragma unroll
+  for (int level = 0; level < Bits; ++level) {
+    const int off = 16 >> level;
+    if (n > 1) {
+      const bool upper = lane & off;
+      const int half = n / 2;
+#pragma unroll
+      for (int x = 0; x < NV / 2; ++x) {
+        if (x < half) {
+          const float send = upper ? v[x] : v[x + half];
+          const float keep = upper ? v[x + half] : v[x];
+          v[x] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+      }
+      n = half;
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+    }
+  }
+}
+
+/// Which value reduce_scatter<NV, Bits> leaves in `lane`.
+template <int NV>
+__device__ __forceinline__ int scatter_index(int lane) {
+  int idx = 0, n = NV;
+#pragma unroll
+  for (int level = 0; n > 1; ++level, n /= 2)
+    if (lane & (16 >> level)) idx += n / 2;
+  return idx;
+}
+
+/// Undoes reduce_scatter's halving: afterwards every lane holds all NV sums in order.
+template <int NV>
+__device__ __forceinline__ void all_gather(float (&v)[NV], int lane) {
+  int levels = 0;
+  for (int n = NV; n > 1; n /= 2) ++levels;
+#pragma unroll
+  for (int level = 4; level >= 0; --level) {
+    if (level >= levels) continue;
+    const int off = 16 >> level;
+    const int n = NV >> (level + 1);  // values held before this level is undone
+    const bool upper = lane & off;
+#pragma unroll
+    for (int x = 0; x < NV / 2; ++x) {
+      if (x < n) {
+        const float r = __shfl_xor_sync(0xffffffffu, v[x], off);
+        const float mine = v[x];
+        v[x] = upper ? r : mine;
+        v[x + n] = upper ? mine : r;
+      }
+    }
+  }
+}
+
+}  // namespace flash_kda::sm90::decode_detail
