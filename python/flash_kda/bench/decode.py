@@ -15,6 +15,8 @@ sequences. The case list and the floor are pure Python (tested on CPU).
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import asdict, dataclass
 
@@ -32,6 +34,11 @@ STATE_BYTES = {"fp32": 4, "bf16": 2}
 DEFAULT_SAMPLE = 8
 #: fla reads this variable at every dispatch (flash_kda/_fla.py registers the backend with it).
 FLA_ENV = "FLA_FLASH_KDA_DECODE"
+#: Calls captured back to back in each timed CUDA graph (timing.time_graph): a decode call is
+#: microseconds of device work, less than one graph launch's own latency, so one call per graph
+#: would time the launch; the table's graph time is the time per call inside a captured step.
+GRAPH_CALLS = 20
+
 #: Eager calls whose wall-clock time gives a point's host time per call (host_us): well below
 #: the launch queue's depth, so that the host never waits on the GPU.
 HOST_CALLS = 200
@@ -302,11 +309,11 @@ def run_decode_suite(args, meta: dict, on_point=None) -> dict:
     torch.manual_seed(args.seed)
     results = {"meta": meta, "copy_bandwidth": copy_bw,
                "settings": {"iters": args.iters, "warmup": args.warmup, "seed": args.seed, "fla": use_fla,
-                            "check_seqs": args.check_seqs},
+                            "check_seqs": args.check_seqs, "graph_calls": GRAPH_CALLS},
                "planned_decode": len(args.decode_cases), "cases": [], "decode": []}
     for i, case in enumerate(args.decode_cases, 1):
         suite.progress(f"[{i}/{len(args.decode_cases)}] decode {case.name}")
-        r = run_point(case, args, copy_bw, use_fla, suite._timed)
+        r = run_point(case, args, copy_bw, use_fla, functools.partial(suite._timed, graph_calls=GRAPH_CALLS))
         for k, msg in r["errors"].items():
             suite.progress(f"{case.name}: {k} failed: {msg}")
         results["decode"].append(r)

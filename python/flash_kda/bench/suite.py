@@ -14,8 +14,9 @@ def progress(msg: str) -> None:
     print(f"[flash_kda.bench] {msg}", file=sys.stderr, flush=True)
 
 
-def _timed(label: str, fn, args) -> tuple[dict, dict]:
-    """Eager and graph timing summaries of fn; an exception becomes an "error" entry."""
+def _timed(label: str, fn, args, graph_calls: int = 1) -> tuple[dict, dict]:
+    """Eager and graph timing summaries of fn (graph_calls calls captured per graph, the time
+    per call; timing.time_graph); an exception becomes an "error" entry."""
     res: dict = {}
     errors: dict = {}
     try:
@@ -24,7 +25,7 @@ def _timed(label: str, fn, args) -> tuple[dict, dict]:
         errors[f"{label} eager"] = f"{type(e).__name__}: {e}"
     if not args.no_graph:
         try:
-            res["graph"] = timing.summarize(timing.time_graph(fn, args.warmup, args.iters))
+            res["graph"] = timing.summarize(timing.time_graph(fn, args.warmup, args.iters, graph_calls))
         except Exception as e:
             errors[f"{label} graph"] = f"{type(e).__name__}: {e}"
     return res, errors

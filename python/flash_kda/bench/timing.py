@@ -47,12 +47,17 @@ def time_eager(fn: Callable[[], object], warmup: int, iters: int) -> list[float]
     return _event_times(fn, iters)
 
 
-def time_graph(fn: Callable[[], object], warmup: int, iters: int) -> list[float]:
-    """Milliseconds of `iters` replays of fn captured in one torch.cuda.CUDAGraph.
+def time_graph(fn: Callable[[], object], warmup: int, iters: int, calls_per_graph: int = 1) -> list[float]:
+    """Milliseconds per call of fn over `iters` replays of one torch.cuda.CUDAGraph holding
+    `calls_per_graph` back-to-back calls of fn (each replay's time divided by that count).
 
     fn is first called `warmup` times on a side stream (autotuning and lazy allocations must
-    happen outside capture, as torch.cuda.graphs requires), then captured once. Output
-    tensors fn writes are the captured ones, so a replay recomputes the same results.
+    happen outside capture, as torch.cuda.graphs requires), then captured. Output tensors fn
+    writes are the captured ones, so a replay recomputes the same results. With one call per
+    graph a replay's time includes the graph launch's own latency (~several us on an H200),
+    which dominates microsecond-scale calls; several calls per graph measure the call as it
+    runs inside a larger captured step (a serving stack's decode step), the launch latency
+    spread over them.
     Raises whatever capture raises (e.g. a host synchronisation inside fn).
     """
     import torch
@@ -66,13 +71,14 @@ def time_graph(fn: Callable[[], object], warmup: int, iters: int) -> list[float]
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls_per_graph):
+            fn()
     for _ in range(warmup):
         graph.replay()
     torch.cuda.synchronize()
     times = _event_times(graph.replay, iters)
     del graph
-    return times
+    return [t / calls_per_graph for t in times]
 
 
 def host_us_per_call(fn: Callable[[], object], calls: int, sync: Callable[[], object] | None = None,
