@@ -3,8 +3,8 @@
 // accepts. validate() checks against it, the Python binding builds ForwardArgs from it and
 // exports its names (flash_kda._core.forward_tensors), and flash_kda.fwd / flash_kda.reference
 // pass their tensors in its order. Rules that relate tensors to each other (extents agreeing,
-// the state pool's slot count, A_log and dt_bias being required by the Sm90 safe gate) and the
-// stride rules stay in validate().
+// the state pool's slot count, A_log being required by the Sm90 softplus gate) and the stride
+// rules stay in validate().
 #pragma once
 
 #include <cstddef>

@@ -185,13 +185,16 @@ using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 /// counts): no host synchronisation, no allocation (all scratch lives in `workspace`,
 /// at least forward_workspace_size(args, options) bytes, 256-byte aligned, on the tensors' device),
 /// so the call can be captured in a CUDA graph. Results are bitwise deterministic.
-/// Supported subset: K = V = 128; bf16 q, k, v, out; bf16 or fp32 g and beta; A_log and
-/// dt_bias required; SafeSigmoid gate; use_qk_l2norm and use_beta_sigmoid on; allow_neg_eigval
-/// off; VFirst or KFirst states, bf16 or fp32 each; the state pool (ssm_state_indices). Every
-/// data pointer 16-byte aligned (beta's and ssm_state_indices': element aligned), strided
-/// activations as above. T = 0 is valid. final_state may be exactly initial_state (in-place
-/// update). ssm_state_indices values on the GPU are not checked: an entry >= P is skipped like a
-/// negative one. The launch runs on q's device
+/// Supported subset: K = V = 128; bf16 q, k, v, out; bf16 or fp32 g and beta; every gate mode
+/// (SafeSigmoid with or without A_log and dt_bias; Softplus with A_log, dt_bias optional;
+/// PreGated) and every flag (use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval); VFirst or
+/// KFirst states, bf16 or fp32 each; the state pool (ssm_state_indices). Every data pointer
+/// 16-byte aligned (beta's and ssm_state_indices': element aligned), strided activations as
+/// above. T = 0 is valid. The softplus and pre-gated decays are unbounded: any a <= 0 (down to
+/// -1e4 nats a token and below) gives finite results (src/sm90/forward/prepare.cu, "Unbounded
+/// gates"); a pre-gated g > 0 (a growing state) is outside the contract. final_state may be
+/// exactly initial_state (in-place update). ssm_state_indices values on the GPU are not
+/// checked: an entry >= P is skipped like a negative one. The launch runs on q's device
 /// (made current for the call, then restored). cu_seqlens values on the GPU are not checked
 /// (that would need a sync): they must satisfy the table above (docs/errors.md). Bad values are
 /// clamped to [0, T_total] on the device: results are then unspecified (for the bad sequences

@@ -62,21 +62,40 @@ FKDA_HOST_DEVICE T beta_sigmoid_log2(T beta, const Math& m) {
   return m.div(T(1), T(1) + m.exp2(-beta * T(kLog2e)));
 }
 
-/// The log2 form of the softplus gate (what the decode kernel evaluates). With x2 = x log2(e)
-/// and softplus(x) = max(x, 0) + log1p(e^-|x|) (the fp64 form below):
-///
-///   a2 = a log2(e) = -exp(A_log) softplus(x) log2(e) = neg_rate (max(x2, 0) + log2(1 + 2^-|x2|))
-///
-/// with neg_rate = -exp(A_log), one per head: one multiply, one 2^(.), one log2(.) and two
-/// adds per channel. 2^-|x2| <= 1, so nothing overflows; for x2 below about -24 the 1 + 2^x2
-/// rounds to 1 in fp32 and a2 becomes 0 where the exact value is neg_rate 2^x2 (an absolute error
-/// below |neg_rate| 2^-24, far below the decay's bf16 and fp32 resolution).
+/// softplus(x) in log2 units from x2 = x log2(e): softplus(x) log2(e) = max(x2, 0) +
+/// log2(1 + 2^-|x2|) (the log2 form of the fp64 softplus below). 2^-|x2| <= 1, so nothing
+/// overflows, and for large |x| the result is max(x2, 0) exactly (the log term is below fp32's
+/// resolution of it, or 0). For x2 below about -24 the 1 + 2^x2 rounds to 1 in fp32 and the
+/// result becomes 0 where the exact value is 2^x2 / ln 2: an absolute error below 2^-24, far
+/// below the decay's bf16 and fp32 resolution. Two MUFU operations (2^(.), log2) and three ALU.
 template <typename T, class Math>
-FKDA_HOST_DEVICE T softplus_gate_log2(T x, T neg_rate, const Math& m) {
-  const T x2 = x * T(kLog2e);
+FKDA_HOST_DEVICE T softplus_log2(T x2, const Math& m) {
   const T pos = x2 > T(0) ? x2 : T(0);
   const T neg_abs = x2 > T(0) ? -x2 : x2;
-  return neg_rate * (pos + m.log2(T(1) + m.exp2(neg_abs)));
+  return pos + m.log2(T(1) + m.exp2(neg_abs));
+}
+
+/// The log2 form of the softplus gate (what the decode kernel evaluates). With x2 = x log2(e):
+///
+///   a2 = a log2(e) = -exp(A_log) softplus(x) log2(e) = neg_rate softplus_log2(x2)
+///
+/// with neg_rate = -exp(A_log), one per head.
+template <typename T, class Math>
+FKDA_HOST_DEVICE T softplus_gate_log2(T x, T neg_rate, const Math& m) {
+  return neg_rate * softplus_log2(x * T(kLog2e), m);
+}
+
+/// The same gate from g and bias2 = dt_bias log2(e) (once per channel): x2 = g log2(e) + bias2
+/// is one FMA (what the forward's prepare kernel evaluates).
+template <typename T, class Math>
+FKDA_HOST_DEVICE T softplus_gate_log2_biased(T g, T bias2, T neg_rate, const Math& m) {
+  return neg_rate * softplus_log2(m.fma(g, T(kLog2e), bias2), m);
+}
+
+/// The pre-gated mode's log2 form: the caller's natural-log decay a = g, times log2(e).
+template <typename T>
+FKDA_HOST_DEVICE T pre_gate_log2(T g) {
+  return g * T(kLog2e);
 }
 
 /// The operations of the log2 forms in the C++ library's exact (correctly rounded where the

@@ -221,10 +221,10 @@ void check_states(const ForwardArgs& a, Target target, const ProblemShape& p) {
 
 void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
   detail::check_gate_mode(a);
-  if (target == Target::Sm90 && a.gate == GateMode::SafeSigmoid) {
-    if (!a.A_log.defined()) throw Error("A_log", "is required by the Sm90 safe gate (fp32 [HV]), got an absent tensor");
-    if (!a.dt_bias.defined()) throw Error("dt_bias", "is required by the Sm90 safe gate (fp32 [HV, K]), got an absent tensor");
-  }
+  // As fla's chunk_kda and the decode call: the softplus gate's rate has no default on the GPU.
+  if (target == Target::Sm90 && a.gate == GateMode::Softplus && !a.A_log.defined())
+    throw Error("A_log", "is required by the Sm90 softplus gate a = -exp(A_log) * softplus(g + dt_bias) (fp32 [HV]), "
+                         "got an absent tensor");
   if (a.A_log.defined()) {
     check_table_dtype(a, "A_log", target);
     detail::check_A_log_shape(a, p);
@@ -238,17 +238,13 @@ void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
 
 
 // What the sm_90a kernels implement; everything else runs on the reference only.
-void check_sm90_subset(const ForwardArgs& a, const ProblemShape& p) {
+void check_sm90_subset(const ProblemShape& p) {
   const std::string subset =
-      "the Sm90 kernels support K = V = 128, the safe gate, use_qk_l2norm, use_beta_sigmoid "
-      "and no allow_neg_eigval; the reference (reference_forward, flash_kda.reference) "
+      "the Sm90 kernels support K = V = 128; the reference (reference_forward, flash_kda.reference) "
       "covers the rest";
   if (p.head_dim_k != 128) throw Error("q", "head dim K = " + std::to_string(p.head_dim_k) + " unsupported: " + subset);
   if (p.head_dim_v != 128) throw Error("v", "head dim V = " + std::to_string(p.head_dim_v) + " unsupported: " + subset);
-  if (a.gate != GateMode::SafeSigmoid) throw Error("gate", "unsupported: " + subset);
-  if (!a.use_qk_l2norm) throw Error("use_qk_l2norm", "false is unsupported: " + subset);
-  if (!a.use_beta_sigmoid) throw Error("use_beta_sigmoid", "false is unsupported: " + subset);
-  if (a.allow_neg_eigval) throw Error("allow_neg_eigval", "true is unsupported: " + subset);
+  // Every gate mode, flag, state layout and state dtype runs on the kernels.
 
   // Chunk slots (16-token chunks plus one per sequence) and grid dims are 32-bit in the kernels.
   constexpr int64_t kInt32Limit = int64_t{1} << 31;
@@ -312,7 +308,7 @@ ProblemShape validate(const ForwardArgs& args, Target target) {
   check_flags(args, target);
   check_states(args, target, p);
   check_gate(args, target, p);
-  if (target == Target::Sm90) check_sm90_subset(args, p);
+  if (target == Target::Sm90) check_sm90_subset(p);
   check_aliasing(args);
   p.scale = args.scale ? *args.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim_k));
   return p;

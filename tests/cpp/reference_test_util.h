@@ -150,7 +150,10 @@ struct KdaConfig {
   bool with_final_state = true;
   bool beta_logits = true;           ///< beta ~ N(0,1) logits; false: beta ~ U(0.05, 1) (post-sigmoid)
   double qk_std = 1.0;               ///< q, k ~ N(0, qk_std^2) (keep |k| <~ 1 without L2 norm)
-  double A_log_exp_max = 16.0;       ///< A_log = log U(1, A_log_exp_max)
+  double A_log_exp_min = 1.0;        ///< A_log = log U(A_log_exp_min, A_log_exp_max)
+  double A_log_exp_max = 16.0;
+  double g_mean = 0.0;               ///< SafeSigmoid / Softplus: g ~ N(g_mean, g_std^2)
+  double g_std = 1.0;
   double pregated_min = -1.0;        ///< PreGated: g = log decay ~ U(pregated_min, 0)
   uint64_t seed = 1;
 };
@@ -198,7 +201,7 @@ struct KdaProblem {
   }
 };
 
-/// Draws a fresh problem from `c` (never zeros): q, k ~ N(0, qk_std^2); v ~ N(0, 1); g ~ N(0, 1) for the
+/// Draws a fresh problem from `c` (never zeros): q, k ~ N(0, qk_std^2); v ~ N(0, 1); g ~ N(g_mean, g_std^2) for the
 /// SafeSigmoid and Softplus gates, U(pregated_min, 0) for PreGated; dt_bias ~ N(0, 0.1);
 /// initial_state ~ N(0, 0.5). Values are rounded to their tensor's dtype when stored.
 inline KdaProblem make_random_problem(const KdaConfig& c) {
@@ -225,13 +228,13 @@ inline KdaProblem make_random_problem(const KdaConfig& c) {
   p.k = HostTensor::from_values(draw(B * T * H * K, gauss(cfg.qk_std)), cfg.input_dtype, {B, T, H, K});
   p.v = HostTensor::from_values(draw(B * T * HV * V, gauss(1.0)), cfg.input_dtype, {B, T, HV, V});
   const auto g_values = cfg.gate == GateMode::PreGated ? draw(B * T * HV * K, uniform(cfg.pregated_min, 0.0))
-                                                       : draw(B * T * HV * K, gauss(1.0));
+                                                       : draw(B * T * HV * K, [&] { return cfg.g_mean + cfg.g_std * normal(rng); });
   p.g = HostTensor::from_values(g_values, cfg.input_dtype, {B, T, HV, K});
   p.beta = HostTensor::from_values(cfg.beta_logits ? draw(B * T * HV, gauss(1.0)) : draw(B * T * HV, uniform(0.05, 1.0)),
                                    cfg.input_dtype, {B, T, HV});
   p.out = HostTensor(cfg.out_dtype, {B, T, HV, V});
   if (cfg.with_A_log && cfg.gate != GateMode::PreGated) {
-    auto a_log = draw(HV, uniform(1.0, cfg.A_log_exp_max));
+    auto a_log = draw(HV, uniform(cfg.A_log_exp_min, cfg.A_log_exp_max));
     for (auto& x : a_log) x = std::log(x);
     p.A_log = HostTensor::from_values(a_log, DType::F32, {HV});
   }

@@ -90,3 +90,59 @@ TEST(Gate, SoftplusLog2FormNeverOverflows) {
 }
 
 }  // namespace
+
+namespace {
+
+// The forward's form (g and bias2 = dt_bias log2(e)) over the extremes the kernels serve: x
+// from -100 to +100 and decay rates exp(A_log) up to 16 (A_log = log 16). Per token the error
+// is relative to the value plus an absolute floor of rate 2^-22 (fp32's 1 + 2^-|x2| near 1).
+TEST(Gate, SoftplusBiasedLog2FormMatchesTheFp64SoftplusGateAtTheExtremes) {
+  const math::StdMath m;
+  double worst = 0;
+  for (double a_log : {-2.0, 0.0, 1.0, std::log(16.0)})
+    for (double bias : {-1.0, 0.0, 0.7})
+      for (double g = -100.0; g <= 100.0; g += 0.1237) {
+        const double rate = std::exp(a_log);
+        const double ref = math::softplus_gate<double>(g + bias, rate);
+        const float bias2 = float(bias * math::kLog2e);
+        const double got = double(math::softplus_gate_log2_biased(float(g), bias2, float(-rate), m)) / math::kLog2e;
+        ASSERT_TRUE(std::isfinite(got));
+        ASSERT_LE(got, 0.0) << g;
+        const double err = std::abs(got - ref);
+        worst = std::max(worst, err / (std::abs(ref) + rate * 1e-6));
+        ASSERT_LE(err, 2e-6 * std::abs(ref) + 3e-7 * rate) << "a_log " << a_log << " g " << g << " bias " << bias;
+      }
+  EXPECT_GT(worst, 0.0);
+}
+
+TEST(Gate, SoftplusBiasedLog2FormIsLinearForLargeX) {
+  // softplus(x) = x to fp32 rounding for large x: a = -rate x, with no log1p term left over.
+  const math::StdMath m;
+  for (float g : {30.f, 100.f, 1e4f, 1e30f}) {
+    const float got = math::softplus_gate_log2_biased(g, 0.f, -16.f, m);
+    EXPECT_FLOAT_EQ(got, -16.f * float(g * math::kLog2e)) << g;
+  }
+  // ... and goes to 0 from below for very negative x.
+  for (float g : {-30.f, -100.f, -1e30f}) {
+    const float got = math::softplus_gate_log2_biased(g, 0.f, -16.f, m);
+    EXPECT_LE(got, 0.f);
+    EXPECT_GE(got, -1e-11f) << g;  // the exact value is -16 e^g log2(e) >= -3e-12
+  }
+}
+
+TEST(Gate, SoftplusBiasedFormEqualsTheNaturalForm) {
+  // The decode's form (x = g + dt_bias) and the forward's (g, bias2) agree to fp32 rounding.
+  const math::StdMath m;
+  for (double g = -40.0; g <= 40.0; g += 0.29) {
+    const float a = math::softplus_gate_log2(float(g + 0.5), -3.f, m);
+    const float b = math::softplus_gate_log2_biased(float(g), float(0.5 * math::kLog2e), -3.f, m);
+    EXPECT_NEAR(a, b, 1e-6f * (1.f + std::abs(a))) << g;
+  }
+}
+
+TEST(Gate, PreGateLog2IsTheDecayInLog2Units) {
+  for (double g : {-1e4, -50.0, -1.0, 0.0})
+    EXPECT_NEAR(double(math::pre_gate_log2(float(g))), g * math::kLog2e, 1e-6 * std::abs(g * math::kLog2e)) << g;
+}
+
+}  // namespace

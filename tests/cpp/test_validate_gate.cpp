@@ -47,13 +47,25 @@ TEST(ValidateGate, ReferenceTreatsGateParametersAsOptional) {
   }
 }
 
-TEST(ValidateGate, Sm90NeedsALogAndDtBias) {
+TEST(ValidateGate, Sm90SafeGateTreatsGateParametersAsOptional) {
+  // Absent A_log: decay rate 1; absent dt_bias: zero bias (the reference's meaning).
   Call c(sm90_spec());
   c.args.A_log = TensorView{};
-  expect_invalid(c.args, Target::Sm90, "A_log", {"required by the Sm90 safe gate", "[HV]"});
+  EXPECT_NO_THROW(flash_kda::validate(c.args, Target::Sm90));
   Call c2(sm90_spec());
   c2.args.dt_bias = TensorView{};
-  expect_invalid(c2.args, Target::Sm90, "dt_bias", {"required by the Sm90 safe gate", "[HV, K]"});
+  EXPECT_NO_THROW(flash_kda::validate(c2.args, Target::Sm90));
+}
+
+TEST(ValidateGate, Sm90SoftplusNeedsALogNotDtBias) {
+  Call c(sm90_spec());
+  c.args.gate = GateMode::Softplus;
+  c.args.A_log = TensorView{};
+  expect_invalid(c.args, Target::Sm90, "A_log", {"required by the Sm90 softplus gate", "[HV]"});
+  Call c2(sm90_spec());
+  c2.args.gate = GateMode::Softplus;
+  c2.args.dt_bias = TensorView{};
+  EXPECT_NO_THROW(flash_kda::validate(c2.args, Target::Sm90));
 }
 
 TEST(ValidateGate, ALogShape) {

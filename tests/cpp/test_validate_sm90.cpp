@@ -5,7 +5,7 @@
 namespace kda_test {
 namespace {
 
-const char* kSubset = "the Sm90 kernels support K = V = 128, the safe gate";
+const char* kSubset = "the Sm90 kernels support K = V = 128 and v-first states";
 
 TEST(ValidateSm90, HeadDims) {
   Spec s = sm90_spec();
@@ -18,26 +18,32 @@ TEST(ValidateSm90, HeadDims) {
   expect_invalid(cv.args, Target::Sm90, "v", {"head dim V = 256 unsupported", kSubset});
 }
 
-TEST(ValidateSm90, GateModes) {
-  for (GateMode mode : {GateMode::Softplus, GateMode::PreGated}) {
-    Spec s = sm90_spec();
-    s.with_gate_params = false;
-    Call c(s);
-    c.args.gate = mode;
-    expect_invalid(c.args, Target::Sm90, "gate", {"unsupported", kSubset});
-  }
+TEST(ValidateSm90, EveryGateModeAccepted) {
+  // SafeSigmoid with and without A_log / dt_bias, Softplus with them, PreGated without (it
+  // rejects them; Softplus without A_log: test_validate_gate.cpp).
+  for (GateMode mode : {GateMode::SafeSigmoid, GateMode::Softplus, GateMode::PreGated})
+    for (bool with_params : {true, false}) {
+      if ((mode == GateMode::PreGated) == with_params || (mode == GateMode::Softplus && !with_params)) continue;
+      Spec s = sm90_spec();
+      s.with_gate_params = with_params;
+      Call c(s);
+      c.args.gate = mode;
+      EXPECT_NO_THROW(flash_kda::validate(c.args, Target::Sm90)) << static_cast<int>(mode) << " " << with_params;
+    }
 }
 
-TEST(ValidateSm90, Flags) {
-  Call c(sm90_spec());
-  c.args.use_qk_l2norm = false;
-  expect_invalid(c.args, Target::Sm90, "use_qk_l2norm", {"false is unsupported", kSubset});
-  Call c2(sm90_spec());
-  c2.args.use_beta_sigmoid = false;
-  expect_invalid(c2.args, Target::Sm90, "use_beta_sigmoid", {"false is unsupported"});
-  Call c3(sm90_spec());
-  c3.args.allow_neg_eigval = true;
-  expect_invalid(c3.args, Target::Sm90, "allow_neg_eigval", {"true is unsupported"});
+TEST(ValidateSm90, EveryFlagAccepted) {
+  for (int bits = 0; bits < 8; ++bits) {
+    Call c(sm90_spec());
+    c.args.use_qk_l2norm = bits & 1;
+    c.args.use_beta_sigmoid = bits & 2;
+    c.args.allow_neg_eigval = bits & 4;
+    if (c.args.allow_neg_eigval && !c.args.use_beta_sigmoid) {  // the one invalid pair, on every target
+      expect_invalid(c.args, Target::Sm90, "allow_neg_eigval", {"needs use_beta_sigmoid"});
+      continue;
+    }
+    EXPECT_NO_THROW(flash_kda::validate(c.args, Target::Sm90)) << bits;
+  }
 }
 
 TEST(ValidateSm90, KFirstStatesAccepted) {

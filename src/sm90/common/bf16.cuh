@@ -35,4 +35,11 @@ __device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32
                 : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
 
+/// The fp32-or-bf16 element (`is_f32`) at `byte_offset` bytes from `base`, as fp32: inputs
+/// addressed through a RowLayout (beta).
+__device__ __forceinline__ float load_f_at(const void* base, int64_t byte_offset, bool is_f32) {
+  const char* p = static_cast<const char*>(base) + byte_offset;
+  return is_f32 ? *reinterpret_cast<const float*>(p) : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
+}
+
 }  // namespace flash_kda::sm90

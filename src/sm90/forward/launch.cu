@@ -74,10 +74,19 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
 
   PrepareParams pp{};
   pp.q = a.q.data; pp.k = a.k.data; pp.g = a.g.data; pp.beta = a.beta.data;
-  pp.A_log = static_cast<const float*>(a.A_log.data);
-  pp.dt_bias = static_cast<const float*>(a.dt_bias.data);
+  pp.q_rows = row_layout(a.q, p);
+  pp.k_rows = row_layout(a.k, p);
+  pp.g_rows = row_layout(a.g, p);
+  pp.beta_rows = row_layout(a.beta, p);
+  // Absent A_log: decay rate 1; absent dt_bias: zero bias (validate.cpp; PreGated takes neither).
+  pp.A_log = a.A_log.defined() ? static_cast<const float*>(a.A_log.data) : nullptr;
+  pp.dt_bias = a.dt_bias.defined() ? static_cast<const float*>(a.dt_bias.data) : nullptr;
+  pp.gate = a.gate;
   pp.g_is_f32 = a.g.dtype == DType::F32;
   pp.beta_is_f32 = a.beta.dtype == DType::F32;
+  pp.l2norm = a.use_qk_l2norm;
+  pp.beta_sigmoid = a.use_beta_sigmoid;
+  pp.beta_mul = a.allow_neg_eigval ? 2.f : 1.f;
   pp.seqs = seqs;
   pp.heads = static_cast<int>(p.heads);
   pp.value_heads = static_cast<int>(p.value_heads);

@@ -18,21 +18,29 @@
 
 #include <cstdint>
 
+#include "flash_kda/forward.h"
 #include "sm90/common/record.h"
 #include "sm90/common/row_layout.h"
 #include "sm90/common/seq_index.h"
 
 namespace flash_kda::sm90 {
 
-/// Stage 1 parameters. Tensors are the validated, contiguous inputs (bf16 unless noted).
+/// Stage 1 parameters. q, k, g and beta are read in place through their RowLayouts (any batch,
+/// token and head strides, unit last-dimension stride, 16-byte aligned rows: validate.cpp), bf16
+/// unless noted. The gate mode is the kernel's template parameter (launch_prepare picks it).
 struct PrepareParams {
   const void* q;          // [.., H, K]
   const void* k;          // [.., H, K]
   const void* g;          // [.., HV, K] bf16 or fp32 (g_is_f32)
   const void* beta;       // [.., HV]    bf16 or fp32 (beta_is_f32)
-  const float* A_log;     // [HV]
-  const float* dt_bias;   // [HV * K]
+  RowLayout q_rows, k_rows, g_rows, beta_rows;  // byte addressing of each (row_layout.h)
+  const float* A_log;     // [HV], or nullptr: decay rate exp(A_log) = 1 (unused for PreGated)
+  const float* dt_bias;   // [HV * K], contiguous, or nullptr: zero bias (unused for PreGated)
+  GateMode gate;          // SafeSigmoid, Softplus or PreGated
   bool g_is_f32, beta_is_f32;
+  bool l2norm;            // use_qk_l2norm: q / ||q||, k / ||k|| (else q, k as given)
+  bool beta_sigmoid;      // use_beta_sigmoid: b = beta_mul * sigmoid(beta) (else b = beta)
+  float beta_mul;         // 2 with allow_neg_eigval, else 1
   SeqIndex seqs;
   int heads, value_heads;  // H, HV
   int group;               // HV / H (the host divides once; a division per block otherwise)
