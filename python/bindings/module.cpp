@@ -101,10 +101,19 @@ bool cuda_available() noexcept {
 /// CUDA-graph capture sees the allocation). Validation and the launch plan run once, inside
 /// forward(), before the allocation; the tensor is held until the launches are enqueued
 /// (later use is stream-ordered, as for any torch temporary).
+/// intermediate_every and intermediate_include_initial as the Python calls pass them (0, true
+/// without intermediate states; forward.h).
+struct InterSpacing {
+  int64_t every = 0;
+  bool include_initial = true;
+};
+
 void run_forward(ForwardArgs& a, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
-                 uintptr_t stream, const RawOptions& options) {
+                 uintptr_t stream, const RawOptions& options, InterSpacing inter) {
   a.scale = scale;
   a.lower_bound = lower_bound;
+  a.intermediate_every = inter.every;
+  a.intermediate_include_initial = inter.include_initial;
   const LaunchOptions o = launch_options(options);
   nb::object workspace;
   // The GIL stays held: the call validates, plans and enqueues (microseconds, no waiting), and
@@ -118,22 +127,24 @@ void run_forward(ForwardArgs& a, std::optional<double> scale, double lower_bound
 
 /// GPU forward on DLPack arrays (or None), in call-table order.
 void forward_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
-                uintptr_t stream, const RawOptions& options) {
+                uintptr_t stream, const RawOptions& options, int64_t intermediate_every,
+                bool intermediate_include_initial) {
   Imported keep;
   ForwardArgs a = args_from_arrays(tensors, Target::Sm90, keep);
-  run_forward(a, scale, lower_bound, alloc, stream, options);
+  run_forward(a, scale, lower_bound, alloc, stream, options, {intermediate_every, intermediate_include_initial});
 }
 
 /// GPU forward on raw tensor descriptions (raw_view), in call-table order.
 void forward_raw_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
-                    uintptr_t stream, const RawOptions& options) {
+                    uintptr_t stream, const RawOptions& options, int64_t intermediate_every,
+                    bool intermediate_include_initial) {
   ForwardArgs a = args_from_raw(tensors);
-  run_forward(a, scale, lower_bound, alloc, stream, options);
+  run_forward(a, scale, lower_bound, alloc, stream, options, {intermediate_every, intermediate_include_initial});
 }
 
 void reference_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const std::string& gate,
                   const std::string& state_layout, bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval,
-                  int num_threads) {
+                  int num_threads, int64_t intermediate_every, bool intermediate_include_initial) {
   Imported keep;
   ForwardArgs args = args_from_arrays(tensors, Target::CpuReference, keep);
   args.scale = scale;
@@ -143,6 +154,8 @@ void reference_py(const nb::tuple& tensors, std::optional<double> scale, double 
   args.use_qk_l2norm = use_qk_l2norm;
   args.use_beta_sigmoid = use_beta_sigmoid;
   args.allow_neg_eigval = allow_neg_eigval;
+  args.intermediate_every = intermediate_every;
+  args.intermediate_include_initial = intermediate_include_initial;
   nb::gil_scoped_release release;  // seconds of pure C++ at T = 8192
   reference_forward(args, num_threads);
 }
@@ -190,11 +203,11 @@ NB_MODULE(_core, m) {
   }
 
   m.def("forward", &forward_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
-        "launch_options"_a.none(),
+        "launch_options"_a.none(), "intermediate_every"_a = 0, "intermediate_include_initial"_a = true,
         "flash_kda::forward on DLPack arrays (or None), one per name of forward_tensors; see flash_kda.fwd.");
 
   m.def("forward_raw", &forward_raw_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
-        "launch_options"_a.none(),
+        "launch_options"_a.none(), "intermediate_every"_a = 0, "intermediate_include_initial"_a = true,
         "flash_kda::forward on raw torch tensor descriptions (data_ptr, dtype code, shape, strides, "
         "device_id; -1 for host memory) or None, one per name of forward_tensors; flash_kda.fwd's fast path.");
   {
@@ -211,6 +224,7 @@ NB_MODULE(_core, m) {
 
   m.def("reference_forward", &reference_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "gate"_a,
         "state_layout"_a, "use_qk_l2norm"_a, "use_beta_sigmoid"_a, "allow_neg_eigval"_a, "num_threads"_a,
+        "intermediate_every"_a = 0, "intermediate_include_initial"_a = true,
         "flash_kda::reference_forward on host DLPack arrays (or None), one per name of forward_tensors; "
         "see flash_kda.reference.");
 
