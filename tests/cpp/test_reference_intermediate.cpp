@@ -69,7 +69,7 @@ struct Inter {
   int64_t state_elems() const { return states.numel() / states.shape()[0]; }
   std::vector<double> row(int64_t r) const {
     const int64_t e = state_elems();
-    std::vector<double> v(size_t(e));
+    std::vector<double> v(static_cast<size_t>(e));
     for (int64_t i = 0; i < e; ++i) v[size_t(i)] = states.get(r * e + i);
     return v;
   }
@@ -94,7 +94,7 @@ std::vector<double> prefix_final_state(KdaProblem& p, int64_t n, int64_t len) {
   a.out = out.view();
   flash_kda::reference_forward(a);
   const int64_t e = fin.numel() / N;
-  std::vector<double> v(size_t(e));
+  std::vector<double> v(static_cast<size_t>(e));
   for (int64_t i = 0; i < e; ++i) v[size_t(i)] = fin.get(n * e + i);
   return v;
 }

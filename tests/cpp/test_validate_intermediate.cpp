@@ -144,11 +144,11 @@ TEST(ValidateIntermediate, MustNotOverlapOtherTensors) {
   const Spec s;
   for (const char* other : {"out", "final_state", "initial_state", "q"}) {
     Call c(s);
-    add_inter(c, s, 1, {0, 1, 1});
+    add_inter(c, s, 4, {0, 1, 1});  // 2 MiB: larger than any other tensor of the call
     const std::string o = other;
-    const TensorView& t = o == "out" ? c.args.out : o == "final_state" ? c.args.final_state
-                          : o == "initial_state" ? c.args.initial_state : c.args.q;
-    c.args.intermediate_states.data = t.data;  // shares t's first bytes
+    TensorView& t = o == "out" ? c.args.out : o == "final_state" ? c.args.final_state
+                    : o == "initial_state" ? c.args.initial_state : c.args.q;
+    t.data = c.args.intermediate_states.data;  // t lies inside intermediate_states
     expect_invalid(c.args, Target::CpuReference, "intermediate_states", {"overlaps", other});
   }
 }
