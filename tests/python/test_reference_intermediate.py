@@ -70,7 +70,7 @@ def test_every_must_be_a_positive_multiple_of_16(every):
 def test_bad_offsets_are_named():
     x, init, cu = _inputs([32, 16])
     with pytest.raises(flash_kda.Error) as e:
-        _call(x, init, cu, intermediate_every=16, intermediate_offsets=np.array([0, 3, 2], np.int64))
+        _call(x, init, cu, intermediate_every=16, intermediate_offsets=np.array([1, 0, 2], np.int64))
     assert e.value.argument == "intermediate_offsets" and "below the entry before it" in str(e.value)
     with pytest.raises(flash_kda.Error) as e:
         _call(x, init, cu, intermediate_offsets=np.array([0, 1, 2], np.int64))
