@@ -190,6 +190,15 @@ struct LaunchOptions {
   int recurrence_warps = 0;
 };
 
+/// Everything forward() checks before it touches the device, without launching anything:
+/// validate(args, Target::Sm90), the launch options' ranges, and that this build has the
+/// kernels. Returns the derived sizes; throws the flash_kda::Error forward() would throw for
+/// the same call (in the same order). What only the device can tell is left to forward(): an
+/// sm_90 device behind the stream, options.num_sms against its SM count. Cheap (no plan, no
+/// allocation, no CUDA call), so a dispatcher can ask it before every call; fla's backend
+/// verifier does (python/flash_kda/_fla_chunk.py).
+ProblemShape validate_forward(const ForwardArgs& args, const LaunchOptions& options = {});
+
 /// Bytes of device workspace forward() needs for `args` (a multiple of 256; may be 0). It depends
 /// on the shapes alone, not on the device or options.num_sms (it covers the plan of every sm_90
 /// part and partition); forced window_slots, segments or recurrence_warps may change it. Throws flash_kda::Error like

@@ -76,6 +76,34 @@ StateLayout parse_layout(const std::string& s) {
   throw Error("state_layout", "expected 'v_first' or 'k_first', got '" + s + "'");
 }
 
+/// The forward's scalar settings as the Python functions pass them: gate ("safe", "softplus",
+/// "none"), state_layout ("v_first", "k_first") and the flags, with the names of
+/// reference_forward's arguments. flash_kda.fwd leaves them at FlashKDA's call (the defaults).
+struct Settings {
+  std::optional<double> scale;
+  double lower_bound = -5.0;
+  std::string gate = "safe";
+  std::string state_layout = "v_first";
+  bool use_qk_l2norm = true;
+  bool use_beta_sigmoid = true;
+  bool allow_neg_eigval = false;
+  int64_t intermediate_every = 0;            // tokens between intermediate states (forward.h)
+  bool intermediate_include_initial = true;  // row 0 of each sequence is its start state
+};
+
+/// Copies `s` into `a`; an unknown gate or layout is a flash_kda::Error naming it.
+void apply(ForwardArgs& a, const Settings& s) {
+  a.scale = s.scale;
+  a.lower_bound = s.lower_bound;
+  a.gate = parse_gate(s.gate);
+  a.state_layout = parse_layout(s.state_layout);
+  a.use_qk_l2norm = s.use_qk_l2norm;
+  a.use_beta_sigmoid = s.use_beta_sigmoid;
+  a.allow_neg_eigval = s.allow_neg_eigval;
+  a.intermediate_every = s.intermediate_every;
+  a.intermediate_include_initial = s.intermediate_include_initial;
+}
+
 bool cuda_available() noexcept {
 #if FLASH_KDA_WITH_CUDA
   int n = 0;
@@ -101,19 +129,9 @@ bool cuda_available() noexcept {
 /// CUDA-graph capture sees the allocation). Validation and the launch plan run once, inside
 /// forward(), before the allocation; the tensor is held until the launches are enqueued
 /// (later use is stream-ordered, as for any torch temporary).
-/// intermediate_every and intermediate_include_initial as the Python calls pass them (0, true
-/// without intermediate states; forward.h).
-struct InterSpacing {
-  int64_t every = 0;
-  bool include_initial = true;
-};
-
-void run_forward(ForwardArgs& a, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
-                 uintptr_t stream, const RawOptions& options, InterSpacing inter) {
-  a.scale = scale;
-  a.lower_bound = lower_bound;
-  a.intermediate_every = inter.every;
-  a.intermediate_include_initial = inter.include_initial;
+void run_forward(ForwardArgs& a, const Settings& s, const nb::callable& alloc, uintptr_t stream,
+                 const RawOptions& options) {
+  apply(a, s);
   const LaunchOptions o = launch_options(options);
   nb::object workspace;
   // The GIL stays held: the call validates, plans and enqueues (microseconds, no waiting), and
@@ -125,21 +143,51 @@ void run_forward(ForwardArgs& a, std::optional<double> scale, double lower_bound
   forward(a, allocate, reinterpret_cast<Stream>(stream), o);
 }
 
+Settings settings(std::optional<double> scale, double lower_bound, std::string gate, std::string state_layout,
+                  bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval, int64_t intermediate_every = 0,
+                  bool intermediate_include_initial = true) {
+  return Settings{scale,          lower_bound,     std::move(gate),  std::move(state_layout), use_qk_l2norm,
+                  use_beta_sigmoid, allow_neg_eigval, intermediate_every, intermediate_include_initial};
+}
+
 /// GPU forward on DLPack arrays (or None), in call-table order.
 void forward_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
-                uintptr_t stream, const RawOptions& options, int64_t intermediate_every,
+                uintptr_t stream, const RawOptions& options, std::string gate, std::string state_layout,
+                bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval, int64_t intermediate_every,
                 bool intermediate_include_initial) {
   Imported keep;
   ForwardArgs a = args_from_arrays(tensors, Target::Sm90, keep);
-  run_forward(a, scale, lower_bound, alloc, stream, options, {intermediate_every, intermediate_include_initial});
+  run_forward(a, settings(scale, lower_bound, std::move(gate), std::move(state_layout), use_qk_l2norm, use_beta_sigmoid,
+                          allow_neg_eigval, intermediate_every, intermediate_include_initial),
+              alloc, stream, options);
 }
 
 /// GPU forward on raw tensor descriptions (raw_view), in call-table order.
 void forward_raw_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
-                    uintptr_t stream, const RawOptions& options, int64_t intermediate_every,
+                    uintptr_t stream, const RawOptions& options, std::string gate, std::string state_layout,
+                    bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval, int64_t intermediate_every,
                     bool intermediate_include_initial) {
   ForwardArgs a = args_from_raw(tensors);
-  run_forward(a, scale, lower_bound, alloc, stream, options, {intermediate_every, intermediate_include_initial});
+  run_forward(a, settings(scale, lower_bound, std::move(gate), std::move(state_layout), use_qk_l2norm, use_beta_sigmoid,
+                          allow_neg_eigval, intermediate_every, intermediate_include_initial),
+              alloc, stream, options);
+}
+
+nb::tuple shape_tuple(const ProblemShape& p) {
+  return nb::make_tuple(p.batch, p.seqlen, p.num_seqs, p.heads, p.value_heads, p.head_dim_k, p.head_dim_v, p.varlen,
+                        p.scale);
+}
+
+/// flash_kda::validate_forward on raw descriptions: what forward_raw would check, without the
+/// allocator, the stream or a launch. Reads no tensor data except a host cu_seqlens_cpu.
+nb::tuple validate_forward_raw_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound,
+                                  std::string gate, std::string state_layout, bool use_qk_l2norm,
+                                  bool use_beta_sigmoid, bool allow_neg_eigval, const RawOptions& options,
+                                  int64_t intermediate_every, bool intermediate_include_initial) {
+  ForwardArgs a = args_from_raw(tensors);
+  apply(a, settings(scale, lower_bound, std::move(gate), std::move(state_layout), use_qk_l2norm, use_beta_sigmoid,
+                    allow_neg_eigval, intermediate_every, intermediate_include_initial));
+  return shape_tuple(validate_forward(a, launch_options(options)));
 }
 
 void reference_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const std::string& gate,
@@ -147,15 +195,8 @@ void reference_py(const nb::tuple& tensors, std::optional<double> scale, double 
                   int num_threads, int64_t intermediate_every, bool intermediate_include_initial) {
   Imported keep;
   ForwardArgs args = args_from_arrays(tensors, Target::CpuReference, keep);
-  args.scale = scale;
-  args.lower_bound = lower_bound;
-  args.gate = parse_gate(gate);
-  args.state_layout = parse_layout(state_layout);
-  args.use_qk_l2norm = use_qk_l2norm;
-  args.use_beta_sigmoid = use_beta_sigmoid;
-  args.allow_neg_eigval = allow_neg_eigval;
-  args.intermediate_every = intermediate_every;
-  args.intermediate_include_initial = intermediate_include_initial;
+  apply(args, settings(scale, lower_bound, gate, state_layout, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval,
+                       intermediate_every, intermediate_include_initial));
   nb::gil_scoped_release release;  // seconds of pure C++ at T = 8192
   reference_forward(args, num_threads);
 }
@@ -202,14 +243,29 @@ NB_MODULE(_core, m) {
     m.attr("forward_tensors") = nb::tuple(names);
   }
 
+  // The settings after launch_options default to FlashKDA's call (flash_kda.fwd passes none).
   m.def("forward", &forward_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
-        "launch_options"_a.none(), "intermediate_every"_a = 0, "intermediate_include_initial"_a = true,
-        "flash_kda::forward on DLPack arrays (or None), one per name of forward_tensors; see flash_kda.fwd.");
+        "launch_options"_a.none(), "gate"_a = "safe", "state_layout"_a = "v_first", "use_qk_l2norm"_a = true,
+        "use_beta_sigmoid"_a = true, "allow_neg_eigval"_a = false, "intermediate_every"_a = 0,
+        "intermediate_include_initial"_a = true,
+        "flash_kda::forward on DLPack arrays (or None), one per name of forward_tensors; see flash_kda.fwd. "
+        "gate: 'safe', 'softplus' or 'none'; state_layout: 'v_first' or 'k_first'.");
 
   m.def("forward_raw", &forward_raw_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
-        "launch_options"_a.none(), "intermediate_every"_a = 0, "intermediate_include_initial"_a = true,
+        "launch_options"_a.none(), "gate"_a = "safe", "state_layout"_a = "v_first", "use_qk_l2norm"_a = true,
+        "use_beta_sigmoid"_a = true, "allow_neg_eigval"_a = false, "intermediate_every"_a = 0,
+        "intermediate_include_initial"_a = true,
         "flash_kda::forward on raw torch tensor descriptions (data_ptr, dtype code, shape, strides, "
-        "device_id; -1 for host memory) or None, one per name of forward_tensors; flash_kda.fwd's fast path.");
+        "device_id; -1 for host memory) or None, one per name of forward_tensors; flash_kda.fwd's fast path. "
+        "Settings as forward's.");
+
+  m.def("validate_forward_raw", &validate_forward_raw_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "gate"_a,
+        "state_layout"_a, "use_qk_l2norm"_a, "use_beta_sigmoid"_a, "allow_neg_eigval"_a,
+        "launch_options"_a.none() = nb::none(), "intermediate_every"_a = 0, "intermediate_include_initial"_a = true,
+        "flash_kda::validate_forward on raw descriptions (as forward_raw): everything forward_raw checks "
+        "before it launches, nothing launched or allocated. Returns (batch, seqlen, num_seqs, heads, "
+        "value_heads, K, V, varlen, scale) or raises flash_kda.Error. Reads no device memory, so the "
+        "descriptions' data pointers need only be aligned and apart, not real.");
   {
     nb::dict codes;  // torch dtype name -> flash_kda::DType value, for forward_raw's descriptions
     codes["bfloat16"] = static_cast<int>(flash_kda::DType::BF16);

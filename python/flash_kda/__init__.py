@@ -4,6 +4,10 @@ The function computed is defined in docs/kda-spec.md (Kimi Linear, arXiv 2510.26
 fla.ops.kda.chunk_kda). Public API:
 
 - :func:`fwd`: MoonshotAI FlashKDA's ``fwd`` call on torch CUDA tensors (sm_90).
+- :func:`chunk_kda`: the same forward with fla 0.6.0's ``chunk_kda`` call (every gate mode and
+  flag the kernels serve); also registered with fla's backend registry for fla's own
+  ``chunk_kda`` when fla 0.6.x is installed (in place of fla's built-in FlashKDA backend).
+  Both run as the torch.library op flash_kda::forward under torch.compile.
 - :func:`fused_recurrent_kda_fwd`, :func:`fused_recurrent_kda`: the decode step over a state
   pool (T = 1..16 tokens per sequence) with fla 0.6.0's call; also registered with fla's
   backend registry (operation 'kda') when fla 0.6.x is installed, and as the torch.library op
@@ -14,7 +18,8 @@ fla.ops.kda.chunk_kda). Public API:
 - :class:`Error`: raised for invalid or unsupported arguments (a ValueError).
 - :func:`cuda_available`, ``__version__``.
 
-The package imports without PyTorch; only :func:`fwd` and the decode's GPU functions need it.
+The package imports without PyTorch; only :func:`fwd`, :func:`chunk_kda` and the decode's GPU
+functions need it.
 """
 
 _have_torch = True
@@ -28,6 +33,7 @@ except ImportError:
 
 from . import _core  # noqa: E402
 from ._forward import LaunchOptions, fwd
+from ._chunk import chunk_kda
 from ._decode import fused_recurrent_kda, fused_recurrent_kda_fwd, reference_decode
 from ._reference import reference
 
@@ -51,13 +57,14 @@ def cuda_available() -> bool:
 
 if _have_torch:
     try:
-        from . import _ops  # noqa: F401  (registers the torch.library op flash_kda::fused_recurrent_kda_fwd)
+        from . import _ops  # noqa: F401  (registers the torch.library ops flash_kda::forward, ::fused_recurrent_kda_fwd)
     except Exception:  # noqa: BLE001 - a torch without torch.library.custom_op: eager calls still work
         pass
 
-from . import _fla  # noqa: E402
+from . import _fla, _fla_chunk  # noqa: E402
 
 _fla.register()  # never raises; flash_kda._fla.status says whether fla dispatches to the decode
+_fla_chunk.register()  # never raises; flash_kda._fla_chunk.status: whether fla's chunk_kda dispatches here
 
-__all__ = ["Error", "LaunchOptions", "__version__", "cuda_available", "fused_recurrent_kda",
+__all__ = ["Error", "LaunchOptions", "__version__", "chunk_kda", "cuda_available", "fused_recurrent_kda",
            "fused_recurrent_kda_fwd", "fwd", "reference", "reference_decode"]

@@ -202,8 +202,7 @@ def _register() -> str:
     version = _fla_version()
     if version is not None and not version.startswith(SUPPORTED_FLA):
         return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
-    if not any(isinstance(f, _AfterFlaBackends) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterFlaBackends())
+    after_import("fla.backends", _after_import)
     return "pending: registers when fla.backends is imported"
 
 
@@ -221,7 +220,7 @@ def _register_with(backends) -> str:
 
 
 def _after_import(module) -> None:
-    """Run by the import hook once fla.backends has executed."""
+    """Run by the import hook (after_import) once fla.backends has executed."""
     global status
     try:
         status = _register_with(module)
@@ -229,42 +228,54 @@ def _after_import(module) -> None:
         status = f"not registered: {type(err).__name__}: {err}"
 
 
-class _AfterFlaBackends:
-    """A sys.meta_path finder that lets the normal finders locate fla.backends and wraps its
-    loader so that the backend is registered right after the module executes; it removes
-    itself then."""
+def after_import(fullname: str, callback) -> None:
+    """Runs callback(module) right after the module `fullname` is first imported (it must not
+    be imported yet), through a sys.meta_path finder; once per name."""
+    import sys
+
+    if not any(isinstance(f, _AfterImport) and f.fullname == fullname for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(fullname, callback))
+
+
+class _AfterImport:
+    """A sys.meta_path finder that lets the normal finders locate one module and wraps its
+    loader so that a callback runs right after the module executes; it removes itself then."""
+
+    def __init__(self, fullname: str, callback):
+        self.fullname, self.callback = fullname, callback
+        self.finding = threading.local()
 
     def find_spec(self, fullname, path=None, target=None):
         import importlib.util
         import sys
 
-        if fullname != "fla.backends" or getattr(_local, "finding", False):
+        if fullname != self.fullname or getattr(self.finding, "on", False):
             return None
-        _local.finding = True
+        self.finding.on = True
         try:
             spec = importlib.util.find_spec(fullname)
         finally:
-            _local.finding = False
+            self.finding.on = False
         if self in sys.meta_path:
             sys.meta_path.remove(self)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _RegisteringLoader(spec.loader)
+        spec.loader = _RegisteringLoader(spec.loader, self.callback)
         return spec
 
 
 class _RegisteringLoader:
-    """fla.backends' own loader, with the registration after its exec_module."""
+    """The module's own loader, with the callback after its exec_module."""
 
-    def __init__(self, loader):
-        self._loader = loader
+    def __init__(self, loader, callback):
+        self._loader, self._callback = loader, callback
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        _after_import(module)
+        self._callback(module)
 
     def __getattr__(self, name):  # get_source, is_package, ...: the real loader's
         return getattr(self._loader, name)

@@ -10,8 +10,19 @@ from typing import TYPE_CHECKING
 
 from . import _core
 
+try:
+    # Already imported by flash_kda/__init__.py when installed; a module global (not an import
+    # inside fwd) so that torch.compile traces fwd without a graph break.
+    import torch as _torch_module
+except ImportError:
+    _torch_module = None
+
 if TYPE_CHECKING:
     import torch
+
+#: flash_kda._ops.traced_fwd once the torch.library op is registered (None without torch or
+#: without torch.library.custom_op): what fwd runs while torch.compile traces it.
+_traced_fwd = None
 
 # The call's tensors in the call table's order (include/flash_kda/call_table.h): fwd and
 # reference build their tuples in this order, and the import fails if the table's order differs.
@@ -155,7 +166,8 @@ def fwd(
     aligned data. Runs asynchronously on
     ``torch.cuda.current_stream(q.device)``; the scratch workspace comes from
     ``torch.empty(..., dtype=torch.uint8, device=q.device)`` (PyTorch's caching allocator), so the
-    call may be captured in a CUDA graph. Inputs are never modified.
+    call may be captured in a CUDA graph. Inputs are never modified. Under torch.compile the
+    call is the torch.library op flash_kda::forward (no graph break).
 
     Raises:
         flash_kda.Error: an argument is invalid or outside the kernel's supported subset (the
@@ -166,12 +178,19 @@ def fwd(
         RuntimeError: a CUDA launch failed.
         ImportError: PyTorch is not installed.
     """
-    try:
-        import torch
-    except ImportError as e:
-        raise ImportError("flash_kda.fwd needs PyTorch with CUDA and an sm_90 GPU; "
-                          "without them only flash_kda.reference is available") from e
-
+    torch = _torch_module
+    if torch is None:  # not importable when flash_kda was: one more try, for a torch installed since
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError("flash_kda.fwd needs PyTorch with CUDA and an sm_90 GPU; "
+                              "without them only flash_kda.reference is available") from e
+    if _traced_fwd is not None and torch.compiler.is_compiling():
+        if intermediate_states is not None or intermediate_offsets is not None:
+            raise _error("intermediate_states", "is not traced by torch.compile yet (the flash_kda::forward op has "
+                         "no intermediate states); call fwd outside the compiled region")
+        return _traced_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state,
+                           cu_seqlens, cu_seqlens_cpu, check_cu_seqlens, launch_options)
     if lower_bound is None:
         raise _error("lower_bound", "a float in [-5, 0) (FlashKDA's safe gate needs one), got None")
     lower_bound = _real("lower_bound", lower_bound)
@@ -211,19 +230,47 @@ def fwd(
     if not isinstance(intermediate_include_initial, bool):
         raise _error("intermediate_include_initial",
                      f"expected a bool, got {type(intermediate_include_initial).__name__}")
-    spacing = (int(intermediate_every), intermediate_include_initial)
+    spacing = dict(intermediate_every=int(intermediate_every), intermediate_include_initial=intermediate_include_initial)
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu,
                None,  # ssm_state_indices: the C++ API's state pool, not part of FlashKDA's fwd
                intermediate_states, intermediate_offsets)
     raw = _raw_descriptions(tensors, torch)
     if raw is not None:
-        _core.forward_raw(raw, scale, lower_bound, alloc, stream, options, *spacing)
+        _core.forward_raw(raw, scale, lower_bound, alloc, stream, options, **spacing)
         return
     # Some argument is not a torch tensor: DLPack reads the others (numpy arrays, ...) and the
     # binding names what cannot be read. DLPack refuses tensors that require grad; detach()
     # shares storage, so out/final_state are still written.
     _core.forward(tuple(t.detach() if getattr(t, "requires_grad", False) else t for t in tensors),
-                  scale, lower_bound, alloc, stream, options, *spacing)
+                  scale, lower_bound, alloc, stream, options, **spacing)
+
+
+def launch(tensors: tuple, settings: tuple, options: tuple | None, torch) -> None:
+    """_core.forward_raw (or, when some argument is not a torch tensor, _core.forward, whose
+    errors name it) on torch's current stream of q's device, with the workspace from torch's
+    allocator: what fwd does, for any gate, layout and flags.
+
+    tensors: one per name of FORWARD_TENSORS (None where absent); settings: (scale or None,
+    lower_bound, gate, state_layout, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval) as
+    _core.forward takes them; options: LaunchOptions._fields or None. Raises flash_kda.Error
+    before anything is written."""
+    q = tensors[0]
+    device = getattr(q, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        stream = _current_raw_stream(torch, device)
+    else:
+        stream = 0  # the C++ validation rejects a host q by name before using the stream
+
+    def alloc(nbytes: int):
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    scale, lower_bound, *flags = settings
+    raw = _raw_descriptions(tensors, torch)
+    if raw is not None:
+        _core.forward_raw(raw, scale, lower_bound, alloc, stream, options, *flags)
+        return
+    _core.forward(tuple(t.detach() if getattr(t, "requires_grad", False) else t for t in tensors),
+                  scale, lower_bound, alloc, stream, options, *flags)
 
 
 _DTYPE_CODES: dict = {}  # torch.dtype -> flash_kda DType code (_core.dtype_codes), on first use

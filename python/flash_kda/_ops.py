@@ -1,21 +1,114 @@
-"""The torch.library op of the decode, flash_kda::fused_recurrent_kda_fwd, so that
-torch.compile(fullgraph=True) traces flash_kda.fused_recurrent_kda_fwd without a graph break.
+"""The torch.library ops of flash_kda's GPU calls, so that torch.compile(fullgraph=True) traces
+flash_kda.fwd, flash_kda.chunk_kda and flash_kda.fused_recurrent_kda_fwd without a graph break:
 
-Imported by flash_kda/__init__.py only when torch imports. The op returns nothing: it writes
-`out` and the final state in place (custom ops may not return an alias of an input, and with
-a pool the final state is the pool itself), and its fake implementation does nothing, since
-every output exists before the call. fused_recurrent_kda_fwd routes through it while
-torch.compiler.is_compiling(); eager calls go straight to _core (a torch.ops call adds
-dispatcher time to a step of a few microseconds).
+- flash_kda::forward, the forward (C++ flash_kda::forward) with every gate, layout and flag:
+  fwd routes through it, and chunk_kda after allocating its outputs with torch ops;
+- flash_kda::fused_recurrent_kda_fwd, the decode.
+
+Imported by flash_kda/__init__.py only when torch imports. The ops return nothing: they write
+their outputs in place (custom ops may not return an alias of an input, and an in-place state
+update is one), and their fake implementations do nothing, since every output exists before
+the call. The Python functions route through an op while torch.compiler.is_compiling(); eager
+calls go straight to _core (a torch.ops call adds dispatcher time to every call).
 """
 
 from typing import Optional
 
 import torch
 
-from . import _decode
+from . import _chunk, _decode, _forward
 
 OP_NAME = "flash_kda::fused_recurrent_kda_fwd"
+FORWARD_OP_NAME = "flash_kda::forward"
+
+
+@torch.library.custom_op(FORWARD_OP_NAME, mutates_args=("out", "final_state"))
+def forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    out: torch.Tensor,
+    A_log: Optional[torch.Tensor],
+    dt_bias: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    initial_state: Optional[torch.Tensor],
+    final_state: Optional[torch.Tensor],
+    cu_seqlens_cpu: Optional[torch.Tensor],
+    scale: Optional[float],
+    lower_bound: float,
+    gate: str,
+    state_layout: str,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    allow_neg_eigval: bool,
+    inplace: bool,
+    launch_options: Optional[list[int]],
+) -> None:
+    """One forward call (C++ flash_kda::forward) writing out and final_state. With inplace,
+    initial_state is None and the state is read from final_state and written back there (an
+    in-place update: one mutated argument, not two aliasing ones). gate, state_layout and the
+    flags as _core.forward takes them; launch_options: LaunchOptions' four fields or None."""
+    if inplace:
+        initial_state = final_state
+    named = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "out": out, "A_log": A_log, "dt_bias": dt_bias,
+             "cu_seqlens": cu_seqlens, "initial_state": initial_state, "final_state": final_state,
+             "cu_seqlens_cpu": cu_seqlens_cpu}
+    settings = (scale, lower_bound, gate, state_layout, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval)
+    options = tuple(launch_options) if launch_options is not None else None
+    _forward.launch(_chunk.ordered(named), settings, options, torch)
+
+
+@forward_op.register_fake
+def _forward_fake(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu,
+                  scale, lower_bound, gate, state_layout, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, inplace,
+                  launch_options) -> None:
+    return None
+
+
+def _call_forward_op(named: dict, settings: tuple, options) -> None:
+    """forward_op on the call's tensors by name (absent ones missing), with an exact in-place
+    state update (final_state is initial_state) passed as final_state alone."""
+    initial_state, final_state = named.get("initial_state"), named.get("final_state")
+    inplace = final_state is not None and final_state is initial_state
+    forward_op(named["q"], named["k"], named["v"], named["g"], named["beta"], named["out"], named.get("A_log"),
+               named.get("dt_bias"), named.get("cu_seqlens"), None if inplace else initial_state, final_state,
+               named.get("cu_seqlens_cpu"), *settings, inplace, None if options is None else list(options))
+
+
+def traced_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state, cu_seqlens,
+               cu_seqlens_cpu, check_cu_seqlens, launch_options) -> None:
+    """flash_kda.fwd as torch.compile traces it: the same argument checks, then the op (the
+    safe gate, v-first states, FlashKDA's flags)."""
+    if lower_bound is None:
+        raise _forward._error("lower_bound", "a float in [-5, 0) (FlashKDA's safe gate needs one), got None")
+    lower_bound = _forward._real("lower_bound", lower_bound)
+    if scale is not None:
+        scale = _forward._real("scale", scale)
+    options = None
+    if launch_options is not None:
+        if not isinstance(launch_options, _forward.LaunchOptions):
+            raise _forward._error("launch_options", "expected a flash_kda.LaunchOptions or None, got "
+                                  f"{type(launch_options).__name__}")
+        options = launch_options._fields
+    if (check_cu_seqlens is True or _forward._CHECK_CU_SEQLENS_ENV) and isinstance(cu_seqlens, torch.Tensor) \
+            and cu_seqlens_cpu is None:
+        cu_seqlens_cpu = cu_seqlens.cpu()
+    named = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "out": out, "A_log": A_log, "dt_bias": dt_bias,
+             "cu_seqlens": cu_seqlens, "initial_state": initial_state, "final_state": final_state,
+             "cu_seqlens_cpu": cu_seqlens_cpu}
+    _call_forward_op(named, (scale, lower_bound, "safe", "v_first", True, True, False), options)
+
+
+def traced_chunk_kda(plan):
+    """flash_kda.chunk_kda as torch.compile traces it, after its Python-level checks: the
+    outputs allocated with torch ops, then the op. Returns (o, final_state) like the eager
+    function."""
+    out, final_state = _chunk.new_outputs(plan, torch)
+    _call_forward_op({**plan.inputs, "out": out, "final_state": final_state}, plan.settings, None)
+    return out, final_state
+
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=("out", "initial_state", "final_state"))
@@ -85,3 +178,5 @@ def traced_fused_recurrent_kda_fwd(q, k, v, g, beta, A_log, dt_bias, initial_sta
 
 
 _decode._traced = traced_fused_recurrent_kda_fwd
+_forward._traced_fwd = traced_fwd
+_chunk._traced = traced_chunk_kda

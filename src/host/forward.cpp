@@ -7,11 +7,9 @@
 #endif
 
 namespace flash_kda {
-namespace {
-
 // validate(args, Sm90) and the options that need no device; in a build without the kernels,
 // the Error saying so (after the arguments' own errors).
-ProblemShape validate_for_sm90(const ForwardArgs& args, const LaunchOptions& options) {
+ProblemShape validate_forward(const ForwardArgs& args, const LaunchOptions& options) {
   const ProblemShape p = validate(args, Target::Sm90);
 #if FLASH_KDA_WITH_CUDA
   sm90::validate_options(options);
@@ -22,10 +20,8 @@ ProblemShape validate_for_sm90(const ForwardArgs& args, const LaunchOptions& opt
 #endif
 }
 
-}  // namespace
-
 size_t forward_workspace_size(const ForwardArgs& args, const LaunchOptions& options) {
-  const ProblemShape p = validate_for_sm90(args, options);
+  const ProblemShape p = validate_forward(args, options);
 #if FLASH_KDA_WITH_CUDA
   return sm90::workspace_bytes(p, options);
 #else
@@ -36,7 +32,7 @@ size_t forward_workspace_size(const ForwardArgs& args, const LaunchOptions& opti
 
 void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, Stream stream,
              const LaunchOptions& options) {
-  const ProblemShape p = validate_for_sm90(args, options);
+  const ProblemShape p = validate_forward(args, options);
 #if FLASH_KDA_WITH_CUDA
   sm90::launch_forward(args, p, options, workspace, workspace_bytes, nullptr, stream);  // checks the workspace first
 #else
@@ -46,7 +42,7 @@ void forward(const ForwardArgs& args, void* workspace, size_t workspace_bytes, S
 
 void forward(const ForwardArgs& args, const WorkspaceAllocator& allocate, Stream stream,
              const LaunchOptions& options) {
-  const ProblemShape p = validate_for_sm90(args, options);
+  const ProblemShape p = validate_forward(args, options);
 #if FLASH_KDA_WITH_CUDA
   sm90::launch_forward(args, p, options, nullptr, 0, &allocate, stream);
 #else

@@ -56,11 +56,12 @@ TEST(Workspace, TooSmallWorkspaceIsANamedError) {
 TEST(Workspace, BadLaunchOptionsAreNamedErrors) {
   Call c(cuda_spec(1, 64, 4));
   auto expect = [&](flash_kda::LaunchOptions o, const std::string& field) {
-    for (int entry = 0; entry < 3; ++entry) {
+    for (int entry = 0; entry < 4; ++entry) {
       try {
         if (entry == 0) flash_kda::forward_workspace_size(c.args, o);
         if (entry == 1) flash_kda::forward(c.args, reinterpret_cast<void*>(uintptr_t(1) << 40), size_t(1) << 30, nullptr, o);
         if (entry == 2) flash_kda::forward(c.args, [](size_t) -> void* { return nullptr; }, nullptr, o);
+        if (entry == 3) flash_kda::validate_forward(c.args, o);
         ADD_FAILURE() << "expected flash_kda::Error for " << field << " (entry point " << entry << ")";
       } catch (const flash_kda::Error& e) {
         EXPECT_EQ(e.argument(), field);
@@ -79,6 +80,25 @@ TEST(Workspace, BadLaunchOptionsAreNamedErrors) {
   o = {};
   o.recurrence_warps = 6;
   expect(o, "launch_options.recurrence_warps");
+}
+
+// validate_forward: forward()'s checks without the device: the sizes validate() derives for a
+// good call, the argument errors of validate(args, Sm90) for a bad one (the pointers are fake).
+TEST(Workspace, ValidateForwardChecksWhatForwardChecks) {
+  Call c(cuda_spec(2, 64, 4));
+  const flash_kda::ProblemShape p = flash_kda::validate_forward(c.args);
+  const flash_kda::ProblemShape v = flash_kda::validate(c.args, flash_kda::Target::Sm90);
+  EXPECT_EQ(p.batch, 2);
+  EXPECT_EQ(p.seqlen, 64);
+  EXPECT_EQ(p.value_heads, v.value_heads);
+  EXPECT_EQ(p.scale, v.scale);
+  c.args.lower_bound = -6.0;
+  try {
+    flash_kda::validate_forward(c.args);
+    FAIL() << "expected flash_kda::Error";
+  } catch (const flash_kda::Error& e) {
+    EXPECT_EQ(e.argument(), "lower_bound");
+  }
 }
 
 // LaunchOptions::num_sms above the SMs of the stream's context: a named error raised with the

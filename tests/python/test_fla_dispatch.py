@@ -1,9 +1,10 @@
-"""flash-linear-attention's chunk_kda dispatches to flash_kda.fwd under torch.inference_mode()
-(fla 0.6.0 registers fla/ops/kda/backends/flash_kda.py), and what comes back matches the fp64
-reference: relative Frobenius error of out and of the final state <= 1e-2 (the issue-3 bound).
+"""flash-linear-attention's chunk_kda dispatches to flash_kda under torch.inference_mode() (the
+backend flash_kda registers in place of fla's built-in one, flash_kda/_fla_chunk.py), and what
+comes back matches the fp64 reference: relative Frobenius error of out and of the final state
+<= 1e-2 (the issue-3 bound). More cases: test_chunk_fla_dispatch.py.
 
-Dispatch is proved twice: a spy wrapped around flash_kda.fwd (the backend looks it up at call
-time) must see exactly one call, and fla's backend logger must report '-> flash_kda'.
+Dispatch is proved twice: a spy wrapped around flash_kda.chunk_kda (the backend looks it up at
+call time) must see exactly one call, and fla's backend logger must report '-> flash_kda'.
 """
 from __future__ import annotations
 
@@ -63,16 +64,16 @@ def test_chunk_kda_dispatches_to_flash_kda(cuda_sm90, monkeypatch, varlen):
     beta = randn(B, T, H).bfloat16()
     A_log = torch.log(torch.empty(H).uniform_(1.0, 16.0, generator=gen)).to(dev)
     dt_bias = randn(H * K, scale=0.1)  # fla's layout: flat [HV * K]
-    h0 = randn(N, H, V, K, scale=0.5)  # fp32, v-first; fla asks flash_kda for an fp32 final state
+    h0 = randn(N, H, V, K, scale=0.5)  # fp32, v-first; fla returns an fp32 final state
 
     calls = []
-    real_fwd = flash_kda.fwd
+    real_chunk_kda = flash_kda.chunk_kda
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
-        return real_fwd(*args, **kwargs)
+        return real_chunk_kda(*args, **kwargs)
 
-    monkeypatch.setattr(flash_kda, "fwd", spy)
+    monkeypatch.setattr(flash_kda, "chunk_kda", spy)
     # fla logs each dispatch once per process: forget earlier ones so this call is logged.
     for registry in backends._function_registries.values():
         registry._logged.clear()
@@ -93,7 +94,7 @@ def test_chunk_kda_dispatches_to_flash_kda(cuda_sm90, monkeypatch, varlen):
         fla_logger.setLevel(old_level)
         fla_logger.removeHandler(collect)
 
-    assert len(calls) == 1, "chunk_kda did not dispatch to flash_kda.fwd"
+    assert len(calls) == 1, "chunk_kda did not dispatch to flash_kda.chunk_kda"
     assert any("-> flash_kda" in m and "rejected" not in m for m in collect.messages), collect.messages
 
     ref_out, ref_final = flash_kda.reference(

@@ -83,7 +83,10 @@ def _fwd_args(make):
 
 
 def test_fwd_without_torch_says_torch_is_needed(monkeypatch):
+    from flash_kda import _forward
+
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
+    monkeypatch.setattr(_forward, "_torch_module", None)  # as when flash_kda was imported without torch
     with pytest.raises(ImportError, match="PyTorch"):
         flash_kda.fwd(*_fwd_args(lambda a: a))
 

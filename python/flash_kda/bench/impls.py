@@ -4,10 +4,10 @@ flash_kda: for FlashKDA's configuration (Case.plain) `flash_kda.fwd` writing pre
 final_state (no allocation per call, so the call is capturable); for every other variant
 `flash_kda.chunk_kda`, with the same keyword arguments as fla's. fla: `fla.ops.kda.chunk_kda`
 with the case's configuration (chunk_kda_kwargs: the gate, the state layout, the three
-*_in_kernel flags as the gate needs them) forced onto its Triton path: FLA_FLASH_KDA=0 turns
-off fla's own FlashKDA backend and flash_kda's registered backend is switched off for the call
-(fla's backend registry reads its switches on every dispatch, see fla/backends.py
-BaseBackend.is_enabled), so that it does not dispatch back to flash_kda.
+*_in_kernel flags as the gate needs them) forced onto its Triton path with FLA_FLASH_KDA=0, the
+switch of fla's "flash_kda" backend (which flash_kda's own backend replaces, _fla_chunk.py; fla's
+registry reads it on every dispatch, see fla/backends.py BaseBackend.is_enabled), so that it
+does not dispatch back to flash_kda.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def count_calls(owner, name: str) -> Iterator[list[int]]:
 
 
 def count_flash_kda_calls():
-    """count_calls of flash_kda.fwd."""
+    """count_calls of flash_kda.chunk_kda, what fla's chunk_kda backend calls (flash_kda/_fla_chunk.py)."""
     import flash_kda
 
-    return count_calls(flash_kda, "fwd")
+    return count_calls(flash_kda, "chunk_kda")
 
 
 def chunk_kda_kwargs(x: Inputs) -> dict:
@@ -147,18 +147,8 @@ def fla_fn(x: Inputs) -> tuple[Callable[[], None], dict]:
     result: dict = {}
 
     def call() -> None:
-        with fla_flash_kda_backend(False), flash_kda_fla_backend(False):
+        with fla_flash_kda_backend(False):
             o, ht = chunk_kda(**kw)
         result["out"], result["final_state"] = o, ht
 
     return call, result
-
-
-def flash_kda_fla_backend(enabled: bool):
-    """flash_kda's own fla backend for chunk_kda switched on or off for the block (its
-    environment switch, flash_kda._fla.CHUNK_ENV), then restored; a no-op context when this
-    flash_kda has no such backend."""
-    import flash_kda._fla as fla_glue
-
-    name = getattr(fla_glue, "CHUNK_ENV", None)
-    return env_switch(name, enabled) if name else contextlib.nullcontext()

@@ -5,7 +5,7 @@ num_heads 32, head_dim 128, mode "chunk", safe_gate=True, lower_bound -5, in bf1
 and dt_bias kept fp32 (flash_kda reads them as fp32). It is fed hidden states [B, T, 2304]
 (standard normal bf16, what a model feeds it after its norm) under torch.inference_mode(),
 once with FLA_FLASH_KDA=0 (fla's Triton chunk_kda) and once with FLA_FLASH_KDA=1 (fla's
-FlashKDA backend, which calls flash_kda.fwd). T must exceed 64: below that fla switches the
+chunk_kda backend, which flash_kda registers and which calls flash_kda.chunk_kda). T must exceed 64: below that fla switches the
 layer to its fused_recurrent path in inference.
 """
 
@@ -54,7 +54,7 @@ def run_layer(T: int, batch: int, warmup: int, iters: int, seed: int = 0) -> dic
 
     Returns {"hidden_size", "num_heads", "head_dim", "batch", "T", "triton_ms", "flash_kda_ms"
     (eager medians), "triton", "flash_kda" (summaries), "rel_diff" (||o_fk - o_tri|| /
-    ||o_tri||, Frobenius, reduced in fp64), "dispatched" (flash_kda.fwd was called), "dispatch_note",
+    ||o_tri||, Frobenius, reduced in fp64), "dispatched" (flash_kda.chunk_kda was called), "dispatch_note",
     "rel_diff_bound", "passed" (layer_passed), and "error" when the flash_kda run raised (then
     its fields are absent).
     Raises ValueError for T <= 64.
@@ -88,6 +88,6 @@ def run_layer(T: int, batch: int, warmup: int, iters: int, seed: int = 0) -> dic
     res["dispatched"] = calls[0] > 0
     res["passed"] = layer_passed(res)
     res["dispatch_note"] = ("" if calls[0] else
-                            "flash_kda.fwd was never called; enable INFO logging for the logger "
+                            "flash_kda.chunk_kda was never called; enable INFO logging for the logger "
                             "fla.backends to see fla's reason for rejecting the backend")
     return res

@@ -1,0 +1,345 @@
+"""flash_kda.chunk_kda: the KDA prefill with the keyword names, defaults and return values of
+flash-linear-attention 0.6.0's ``fla.ops.kda.chunk_kda`` (fla/ops/kda/chunk.py), on flash_kda's
+sm_90 forward (C++ flash_kda::forward, every gate mode and flag).
+
+What fla's keywords mean here (fla/ops/kda/chunk.py and fla/ops/kda/gate.py, fla-core 0.6.0):
+- the gate: ``use_gate_in_kernel=False``: g is already the log decay (natural log);
+  with it, ``lower_bound`` given selects the lower-bound ("safe") gate
+  ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` (without A_log:
+  ``lower_bound * sigmoid(g + dt_bias)``), whatever ``safe_gate`` says (fla's gate kernel
+  keys on lower_bound alone); ``lower_bound=None`` the softplus gate
+  ``-exp(A_log) * softplus(g + dt_bias)``, which needs A_log. ``safe_gate`` picks fla's
+  tensor-core path and makes lower_bound required with the fused gate; it does not change
+  the function.
+- A_log and dt_bias arrive through ``**kwargs`` and are ignored without use_gate_in_kernel.
+- the final state is a new fp32 tensor, [N, HV, V, K] with ``state_v_first`` else [N, HV, K, V].
+
+Semantics of the function: docs/kda-spec.md.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from . import _core
+from ._forward import FORWARD_TENSORS, _error, _real, launch
+
+try:
+    # Already imported by flash_kda/__init__.py when installed; a module global so that
+    # torch.compile traces chunk_kda without a graph break.
+    import torch as _torch_module
+except ImportError:
+    _torch_module = None
+
+if TYPE_CHECKING:
+    import torch
+
+#: flash_kda._ops.traced_chunk_kda once the torch.library op is registered (None without torch
+#: or without torch.library.custom_op): what chunk_kda runs while torch.compile traces it.
+_traced = None
+
+#: The **kwargs fla's chunk_kda reads; any other keyword is an error here (fla ignores it).
+_KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
+
+
+class Plan(NamedTuple):
+    """One chunk_kda call after the Python-level checks: what the C++ forward is given.
+
+    inputs: the call's input tensors by call-table name (absent ones missing);
+    settings: (scale or None, lower_bound, gate, state_layout, use_qk_l2norm,
+    use_beta_sigmoid, allow_neg_eigval) as _core.forward takes them;
+    output_final_state: whether a final state is returned; num_seqs: N (B, or
+    len(cu_seqlens) - 1), or -1 when q or cu_seqlens is malformed (the C++ validation names it)."""
+
+    inputs: dict
+    settings: tuple
+    output_final_state: bool
+    num_seqs: int
+
+
+def _flag(name: str, value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise _error(name, f"expected a bool, got {type(value).__name__} {value!r}")
+
+
+def _dims(x: Any) -> tuple:
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else ()
+
+
+def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+              use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+              disable_recompute, return_intermediate_states, state_v_first, cu_seqlens, cu_seqlens_cpu,
+              cp_context, use_graph, max_num_seqs, kwargs: dict, grad_enabled: bool) -> Plan:
+    """The Python-level part of chunk_kda: fla's keyword rules and what flash_kda refuses before
+    the C++ validation (which judges tensors, shapes, dtypes, strides and devices). Reads no
+    tensor data. grad_enabled: torch.is_grad_enabled() of the caller. Raises flash_kda.Error."""
+    for name in kwargs:
+        if name not in _KWARGS:
+            raise _error(name, "is not a keyword of chunk_kda (fla 0.6.0's chunk_kda reads only "
+                         "A_log, dt_bias, chunk_size and the deprecated transpose_state_layout)")
+    flags = {n: _flag(n, x) for n, x in (
+        ("output_final_state", output_final_state), ("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel),
+        ("use_gate_in_kernel", use_gate_in_kernel), ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
+        ("allow_neg_eigval", allow_neg_eigval), ("safe_gate", safe_gate), ("disable_recompute", disable_recompute),
+        ("return_intermediate_states", return_intermediate_states), ("state_v_first", state_v_first),
+        ("use_graph", use_graph))}
+    v_first = flags["state_v_first"]
+    if "transpose_state_layout" in kwargs:  # fla 0.6.0's deprecated name of state_v_first
+        if v_first:
+            raise _error("transpose_state_layout", "cannot be given with state_v_first (its new name)")
+        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                      DeprecationWarning, stacklevel=3)
+        v_first = _flag("transpose_state_layout", kwargs["transpose_state_layout"])
+    chunk_size = kwargs.get("chunk_size", 64)
+    if isinstance(chunk_size, bool) or chunk_size not in (32, 64):
+        # fla's tiling (its intermediate states depend on it, the function does not): its own rule.
+        raise _error("chunk_size", f"must be 32 or 64 (fla's rule for KDA), got {chunk_size!r}")
+
+    tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state,
+               "cu_seqlens": cu_seqlens, "cu_seqlens_cpu": cu_seqlens_cpu,
+               "A_log": kwargs.get("A_log"), "dt_bias": kwargs.get("dt_bias")}
+    if grad_enabled:
+        for name, t in tensors.items():
+            if getattr(t, "requires_grad", False):
+                raise _error(name, "requires grad: flash_kda's chunk_kda has no backward yet (inference only); "
+                             "call it under torch.no_grad() or torch.inference_mode(), detach the input, "
+                             "or use fla's chunk_kda for training")
+    if cp_context is not None:
+        raise _error("cp_context", "context parallelism is not served by flash_kda (pass None, or use fla's "
+                     "chunk_kda)")
+    if flags["return_intermediate_states"]:
+        raise _error("return_intermediate_states", "is not served yet: flash_kda has no intermediate-states "
+                     "kernel (fla's h [B, NT, HV, K, V]); pass False, or use fla's chunk_kda")
+    # disable_recompute decides what fla saves for its backward; a forward-only call saves nothing.
+
+    num_seqs = -1
+    if cu_seqlens is not None and len(_dims(cu_seqlens)) == 1:
+        num_seqs = int(_dims(cu_seqlens)[0]) - 1
+    elif cu_seqlens is None and len(_dims(q)) == 4:
+        num_seqs = int(_dims(q)[0])
+    if flags["use_graph"] and cu_seqlens is not None:
+        # fla's graph mode: cu_seqlens padded with zero-length tail sequences to max_num_seqs + 1
+        # entries (initial_state [max_num_seqs, ...]); rows past the last real token are left
+        # unwritten, as fla leaves them undefined. The host copy describes one replay only and
+        # its last entry may be short of T, so it is not used.
+        if max_num_seqs is not None:
+            if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, numbers.Integral):
+                raise _error("max_num_seqs", f"expected an int or None, got {type(max_num_seqs).__name__}")
+            if num_seqs != int(max_num_seqs):
+                raise _error("max_num_seqs", f"cu_seqlens must be padded with zero-length tail sequences to "
+                             f"exactly max_num_seqs + 1 = {int(max_num_seqs) + 1} entries under use_graph, "
+                             f"got {num_seqs + 1}")
+        tensors["cu_seqlens_cpu"] = None
+
+    if not flags["use_gate_in_kernel"]:
+        gate, bound = "none", -5.0
+        tensors["A_log"] = tensors["dt_bias"] = None  # fla ignores them with a pre-computed gate
+    elif lower_bound is not None:
+        gate, bound = "safe", _real("lower_bound", lower_bound)
+    else:
+        if tensors["A_log"] is None:
+            raise _error("A_log", "is required when use_gate_in_kernel=True and lower_bound is not set (the "
+                         "softplus gate -exp(A_log) * softplus(g + dt_bias)); pass A_log=... or a lower_bound")
+        if flags["safe_gate"]:
+            raise _error("lower_bound", "is required when safe_gate=True and use_gate_in_kernel=True")
+        gate, bound = "softplus", -5.0
+    if scale is not None:
+        scale = _real("scale", scale)
+    settings = (scale, bound, gate, "v_first" if v_first else "k_first", flags["use_qk_l2norm_in_kernel"],
+                flags["use_beta_sigmoid_in_kernel"], flags["allow_neg_eigval"])
+    return Plan({n: t for n, t in tensors.items() if t is not None}, settings, flags["output_final_state"],
+                num_seqs)
+
+
+def ordered(named: dict) -> tuple:
+    """The call's tensors in the call table's order (None where absent)."""
+    return tuple(named.get(name) for name in FORWARD_TENSORS)
+
+
+def output_shapes(plan: Plan) -> tuple[tuple, tuple | None] | None:
+    """(out's shape, the final state's shape or None), or None when q or v is malformed (the C++
+    validation names it). out is [B, T, HV, V] (v's); the state [N, HV, V, K] (v-first) or
+    [N, HV, K, V]."""
+    q, v = plan.inputs.get("q"), plan.inputs.get("v")
+    dq, dv = _dims(q), _dims(v)
+    if len(dq) != 4 or len(dv) != 4:
+        return None
+    out = tuple(int(d) for d in dv)
+    if not plan.output_final_state:
+        return out, None
+    kd, vd = int(dq[3]), int(dv[3])
+    dims = (vd, kd) if plan.settings[3] == "v_first" else (kd, vd)
+    return out, (max(plan.num_seqs, 0), int(dv[2]), *dims)
+
+
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    cp_context: Any = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KDA prefill on an sm_90 GPU with fla 0.6.0's ``chunk_kda`` call (inference only).
+
+    Computes, per sequence and value head, the recurrence of docs/kda-spec.md with the
+    pre-processing the flags select, on flash_kda's forward kernels. Keyword names, defaults
+    and return values are those of ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0); fla also
+    dispatches its own chunk_kda here when flash_kda is installed (flash_kda/_fla_chunk.py).
+
+    Args (B batch, T tokens, H q/k heads, HV value heads (a multiple of H: GVA, value head hv
+    reads q/k head hv // (HV / H)), K key and V value head dims; varlen: B = 1, T = total
+    tokens, N sequences = len(cu_seqlens) - 1, else N = B):
+        q, k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K]; beta: [B, T, HV].
+        scale: output scale; None means K**-0.5.
+        initial_state: optional [N, HV, V, K] (state_v_first) or [N, HV, K, V]; zero if None.
+            fla requires fp32; flash_kda takes what its kernels keep (bf16 or fp32).
+        output_final_state: also return the state after each sequence's last token, a new
+            fp32 tensor [N, HV, V, K] (state_v_first) or [N, HV, K, V].
+        use_qk_l2norm_in_kernel: L2-normalise q and k over K (fp32, eps 1e-6 inside the sqrt).
+        use_gate_in_kernel: compute the log decay from the raw g: the lower-bound gate
+            ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` (``lower_bound *
+            sigmoid(g + dt_bias)`` without A_log) when lower_bound is given, else the
+            softplus gate ``-exp(A_log) * softplus(g + dt_bias)`` (A_log required). Without
+            it g is the log decay itself (natural log, <= 0) and A_log, dt_bias are ignored.
+        use_beta_sigmoid_in_kernel: b = sigmoid(beta); else beta is b itself.
+        allow_neg_eigval: b = 2 * sigmoid(beta); needs use_beta_sigmoid_in_kernel.
+        safe_gate: fla's tensor-core path for bounded gates; with use_gate_in_kernel it makes
+            lower_bound required. It does not change the function computed.
+        lower_bound: the lower-bound gate's floor in natural-log units, in [-5, 0).
+        disable_recompute: what fla saves for its backward; accepted and ignored (no backward).
+        return_intermediate_states: not served yet (raises); fla's chunk_kda serves it.
+        state_v_first: the states' layout ([.., V, K] when True, [.., K, V] when False).
+        cu_seqlens: optional int64/int32 [N + 1] on the GPU, cumulative sequence starts
+            (cu[0] = 0, non-decreasing, cu[N] = T); values not checked on the GPU (no sync).
+        cu_seqlens_cpu: optional host copy of cu_seqlens; its values are checked.
+        cp_context: context parallelism; not served (raises unless None).
+        use_graph: fla's CUDA-graph mode: cu_seqlens may be padded with zero-length tail
+            sequences (to max_num_seqs + 1 entries; initial_state then has max_num_seqs rows);
+            output rows past the last real token are left unwritten (fla: undefined), and
+            cu_seqlens_cpu is not used (it describes one replay only). Every call is
+            graph-capturable with or without it.
+        max_num_seqs: with use_graph and cu_seqlens, must equal len(cu_seqlens) - 1 when given.
+        **kwargs: A_log (fp32 [HV]) and dt_bias (fp32 [HV * K] or [HV, K]) for the fused gate;
+            chunk_size (32 or 64: fla's tiling, accepted); transpose_state_layout (fla's
+            deprecated name of state_v_first). Any other keyword raises.
+
+    Which dtypes, shapes, layouts (strides) and gates run is decided by the C++ validation of
+    flash_kda::forward (docs/errors.md), never here: today bf16 q, k, v, K = V = 128,
+    16-byte aligned data. All tensors on one CUDA device; runs asynchronously on torch's current
+    stream of q's device; CUDA-graph capturable; under torch.compile, the torch.library op
+    flash_kda::forward (no graph break). Inputs are never modified.
+
+    Returns:
+        (o, final_state): o like v ([B, T, HV, V]) in q's dtype; final_state as above, or
+        None without output_final_state.
+
+    Raises:
+        flash_kda.Error (a ValueError; ``.argument`` names the argument): an input requires
+            grad while grad is enabled ("no backward yet"), cp_context given,
+            return_intermediate_states, an unknown keyword, a flag that is not a bool, fla's
+            keyword rules (A_log or lower_bound missing for the fused gate, chunk_size,
+            max_num_seqs under use_graph), or anything the C++ validation rejects (the
+            kernel's supported subset, shapes, dtypes, devices, strides, alignment).
+            Nothing is written then.
+        RuntimeError: a CUDA launch failed. ImportError: PyTorch is not installed.
+    """
+    torch = _torch_module
+    if torch is None:  # not importable when flash_kda was: one more try, for a torch installed since
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError("flash_kda.chunk_kda needs PyTorch with CUDA and an sm_90 GPU; "
+                              "without them only flash_kda.reference is available") from e
+    plan = plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                     use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                     disable_recompute, return_intermediate_states, state_v_first, cu_seqlens, cu_seqlens_cpu,
+                     cp_context, use_graph, max_num_seqs, kwargs, torch.is_grad_enabled())
+    if _traced is not None and torch.compiler.is_compiling():
+        return _traced(plan)
+    out, final_state = new_outputs(plan, torch)
+    launch(ordered({**plan.inputs, "out": out, "final_state": final_state}), plan.settings, None, torch)
+    return out, final_state
+
+
+def new_outputs(plan: Plan, torch):
+    """(out, final_state or None), uninitialised: out like v in q's dtype, the final state fp32
+    (fla's). A malformed q or v gets an out of v's shape (or a 1-element stand-in) so that the
+    C++ validation names the bad tensor."""
+    q, v = plan.inputs.get("q"), plan.inputs.get("v")
+    if not isinstance(q, torch.Tensor):
+        raise _error("q", f"expected a torch tensor [B, T, H, K], got {type(q).__name__}")
+    shapes = output_shapes(plan)
+    out_shape = shapes[0] if shapes is not None else tuple(_dims(v)) or (1,)
+    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    final_state = None
+    if shapes is not None and shapes[1] is not None:
+        final_state = torch.empty(shapes[1], dtype=torch.float32, device=q.device)
+    return out, final_state
+
+
+def describe(t, name: str):
+    """The raw description _core.validate_forward_raw takes of a torch tensor (or of anything
+    with its data_ptr(), dtype, shape, stride() and get_device()): (data_ptr, dtype code or
+    name, shape, strides, device index or -1 for the host); None stays None. Anything else is
+    a flash_kda.Error naming `name`."""
+    if t is None:
+        return None
+    try:
+        dtype = str(t.dtype).removeprefix("torch.")
+        return (int(t.data_ptr()), _core.dtype_codes.get(dtype, dtype), tuple(int(d) for d in t.shape),
+                tuple(int(d) for d in t.stride()), int(t.get_device()))
+    except (AttributeError, TypeError) as e:
+        raise _error(name, f"expected a torch tensor, got {type(t).__name__}") from e
+
+
+def validate_call(plan: Plan) -> tuple:
+    """The C++ validation of this call (flash_kda::validate_forward) without allocating its
+    outputs or launching: out and final_state are described at low 256-byte aligned addresses,
+    which no device allocation occupies, on q's device; validation reads nothing of them but
+    where they are. Returns the problem's sizes (_core.validate_forward_raw: batch, seqlen,
+    num_seqs, heads, value_heads, K, V, varlen, scale); raises flash_kda.Error."""
+    raw = [describe(plan.inputs.get(name), name) for name in FORWARD_TENSORS]
+    shapes = output_shapes(plan)
+    if shapes is None:
+        raise _error("q", "expected q [B, T, H, K] and v [B, T, HV, V] (4 dimensions each), got shapes "
+                     f"{_dims(plan.inputs.get('q'))} and {_dims(plan.inputs.get('v'))}")
+    q = raw[FORWARD_TENSORS.index("q")]
+    address = 256
+    for name, shape, dtype in (("out", shapes[0], q[1]), ("final_state", shapes[1], _core.dtype_codes["float32"])):
+        if shape is None:
+            continue
+        strides, numel = [], 1
+        for d in reversed(shape):
+            strides.append(numel)
+            numel *= max(int(d), 1)
+        raw[FORWARD_TENSORS.index(name)] = (address, dtype, tuple(shape), tuple(reversed(strides)), q[4])
+        address += (numel * _ELEMENT_BYTES.get(dtype, 8) + 255) // 256 * 256
+    return _core.validate_forward_raw(tuple(raw), *plan.settings)
+
+
+_ELEMENT_BYTES = {_core.dtype_codes[n]: b for n, b in (("bfloat16", 2), ("float16", 2), ("float32", 4),
+                                                       ("float64", 8))}

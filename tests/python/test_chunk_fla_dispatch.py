@@ -1,0 +1,126 @@
+"""fla 0.6.0's own chunk_kda dispatches to flash_kda.chunk_kda (the backend of
+flash_kda/_fla_chunk.py, in place of fla's built-in FlashKDA backend) for every call flash_kda
+serves, and falls back to fla's Triton path, still answering, for the calls it does not.
+
+For each served case (safe gate, softplus gate, GVA, k-first, mixed state dtypes, strided
+views): a spy on flash_kda.chunk_kda sees exactly one call, fla's backend logger reports
+'-> flash_kda', and out / final state match the fp64 reference (relative Frobenius error <=
+1e-2) and are no worse than twice fla's own Triton result on the same inputs (+2e-3). For an
+unservable call (K = 64; grad enabled) fla logs the rejection and returns its own result,
+which matches the reference.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+
+import pytest
+
+import flash_kda
+from chunk_cases import CASES, ChunkCase, make_call, reference, rel_err
+
+pytestmark = pytest.mark.cuda_sm90
+
+BOUND = 1e-2
+SERVED = [c for c in CASES if c.name in ("safe", "softplus", "gva", "k_first", "mixed_states_bf16_initial",
+                                         "strided_views")]
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def fla_chunk_kda(monkeypatch):
+    """fla's dispatched chunk_kda, its Triton function, the spy's calls and fla's log."""
+    pytest.importorskip("fla", reason="flash-linear-attention is not installed")
+    backends = pytest.importorskip("fla.backends")
+    from fla.ops.kda import chunk_kda
+
+    from flash_kda import _fla_chunk
+
+    assert _fla_chunk.status == "registered", _fla_chunk.status
+    registry = backends._function_registries[inspect.unwrap(chunk_kda)]
+    assert type(registry._backends["flash_kda"]).__name__ == "FlashKDAChunkBackend"  # the built-in is gone
+    for r in backends._function_registries.values():
+        r._logged.clear()  # fla logs each dispatch once per process
+    calls = []
+    real = flash_kda.chunk_kda
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flash_kda, "chunk_kda", spy)
+    logger = logging.getLogger("fla.backends")
+    collect = _Collect()
+    logger.addHandler(collect)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    yield chunk_kda, inspect.unwrap(chunk_kda), calls, collect.messages
+    logger.setLevel(old)
+    logger.removeHandler(collect)
+
+
+def _fla_inputs(kw):
+    """fla's Triton path asserts an fp32 initial_state: the same values in fp32."""
+    kw = dict(kw)
+    if "initial_state" in kw:
+        kw["initial_state"] = kw["initial_state"].float()
+    return kw
+
+
+@pytest.mark.parametrize("case", SERVED, ids=[c.name for c in SERVED])
+def test_fla_dispatches_to_flash_kda(cuda_sm90, fla_chunk_kda, case):
+    import torch
+
+    chunk_kda, triton, calls, log = fla_chunk_kda
+    args, kw, real = make_call(case, cuda_sm90)
+    with torch.inference_mode():
+        out, final = chunk_kda(*args, **kw)
+        fla_out, fla_final = triton(*args, **_fla_inputs(kw))
+    torch.cuda.synchronize(cuda_sm90)
+    assert len(calls) == 1, f"fla did not dispatch to flash_kda: {log}"
+    assert any(m.endswith("chunk_kda -> flash_kda") for m in log), log
+
+    ref_o, ref_s = reference(args, kw, real)
+    err = rel_err(out, ref_o), rel_err(final, ref_s)
+    fla_err = rel_err(fla_out, ref_o), rel_err(fla_final, ref_s)
+    where = f"{case.name}: flash_kda {err[0]:.2e} / {err[1]:.2e}, fla {fla_err[0]:.2e} / {fla_err[1]:.2e}"
+    assert max(err) <= BOUND, where
+    assert err[0] <= 2 * fla_err[0] + 2e-3 and err[1] <= 2 * fla_err[1] + 2e-3, where
+
+
+def test_unservable_call_falls_back_to_fla(cuda_sm90, fla_chunk_kda):
+    import torch
+
+    chunk_kda, _, calls, log = fla_chunk_kda
+    args, kw, real = make_call(ChunkCase("k64", k_dim=64), cuda_sm90)
+    with torch.inference_mode():
+        out, final = chunk_kda(*args, **kw)
+    torch.cuda.synchronize(cuda_sm90)
+    assert calls == []
+    assert any("-> flash_kda rejected" in m and "K = 64" in m for m in log), log
+    ref_o, ref_s = reference(args, kw, real)
+    assert rel_err(out, ref_o) <= BOUND and rel_err(final, ref_s) <= BOUND
+
+
+def test_training_call_falls_back_to_fla_with_its_autograd(cuda_sm90, fla_chunk_kda):
+    import torch
+
+    chunk_kda, _, calls, log = fla_chunk_kda
+    args, kw, real = make_call(CASES[0], cuda_sm90)
+    v = args[2].clone().requires_grad_()
+    out, final = chunk_kda(args[0], args[1], v, *args[3:], **kw)  # grad enabled: training
+    torch.cuda.synchronize(cuda_sm90)
+    assert calls == [] and out.requires_grad
+    assert any("-> flash_kda rejected" in m and "no backward yet" in m for m in log), log
+    ref_o, _ = reference(args, kw, real)
+    assert rel_err(out.detach(), ref_o) <= BOUND
+    out.float().sum().backward()
+    assert v.grad is not None and torch.isfinite(v.grad).all()
