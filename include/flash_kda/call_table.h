@@ -78,6 +78,8 @@ inline constexpr TensorSpec kForwardTensors[] = {
   {"final_state",    &ForwardArgs::final_state,    TensorRole::Output, true,  4, "[N or P, HV, V, K]",     call_table_detail::kFloatOrF64, call_table_detail::kFloat,  "the Sm90 kernels keep bf16 or fp32 states",          false},
   {"cu_seqlens_cpu", &ForwardArgs::cu_seqlens_cpu, TensorRole::Input,  true,  1, "[N + 1]",           call_table_detail::kIndex,      call_table_detail::kIndex,  "",                                                   true},
   {"ssm_state_indices", &ForwardArgs::ssm_state_indices, TensorRole::Input, true, 1, "[N]",              call_table_detail::kIndex,      call_table_detail::kIndex,  "",                                                   false},
+  {"intermediate_states",  &ForwardArgs::intermediate_states,  TensorRole::Output, true, 4, "[S, HV, V, K]", call_table_detail::kFloatOrF64, call_table_detail::kFloat, "the Sm90 kernels keep bf16 or fp32 states", false},
+  {"intermediate_offsets", &ForwardArgs::intermediate_offsets, TensorRole::Input,  true, 1, "[N + 1]",       call_table_detail::kIndex,      call_table_detail::kIndex, "",                                          false},
     // clang-format on
 };
 

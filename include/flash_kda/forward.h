@@ -84,6 +84,27 @@ enum class StateLayout : int {
 ///   final contents (and, in place, the start state the other reads) are unspecified. The
 ///   reference reads every start state before it writes any and writes in sequence order (the
 ///   last sequence wins). Distinct slots are what serving stacks pass.
+///
+/// Intermediate states (prefix caching; docs/kda-spec.md "Intermediate states"), with
+/// intermediate_states, intermediate_offsets and intermediate_every = e (a positive multiple of
+/// 16 tokens):
+/// - sequence n's states are rows offsets[n] .. offsets[n + 1] - 1 of intermediate_states
+///   ([S, HV, V, K] VFirst or [S, HV, K, V] KFirst, in the state_layout of the call, bf16 or fp32
+///   (reference: also fp64), independent of the other states' dtypes);
+/// - its row offsets[n] + j holds the state after j*e tokens (intermediate_include_initial: j = 0
+///   is the start state) or after (j+1)*e tokens (not include_initial), for every such j with
+///   that many tokens in the sequence and j < offsets[n + 1] - offsets[n]; other rows are never
+///   written. fla's chunk_kda(return_intermediate_states=True) is e = 64 with include_initial
+///   and offsets[n] = sum over m < n of ceil(len_m / 64) (fla's chunk_offsets; fixed length:
+///   n * ceil(T / 64)): its h[:, i] is the state before the i-th 64-token chunk;
+/// - each state is the fp32 (reference: fp64) state of the recurrence rounded once to
+///   intermediate_states' dtype;
+/// - a padded pool entry (ssm_state_indices[n] < 0) writes no intermediate state;
+/// - offsets' values on the GPU are not checked (that would need a sync): on Sm90 they are
+///   clamped to [0, S] (and a range to non-negative length), so no access leaves the tensor
+///   (bad values give unspecified rows); the reference checks them: 0 <= offsets[0] <= ... <=
+///   offsets[N] <= S. Two sequences whose ranges overlap race on Sm90 (the reference writes in
+///   sequence order: the last wins).
 struct ForwardArgs {
   TensorView q, k, v, g, beta;
   TensorView out;
@@ -101,6 +122,12 @@ struct ForwardArgs {
   /// (negative: padded, skipped); initial_state / final_state are then pools [P, HV, ...].
   /// Semantics in the comment above.
   TensorView ssm_state_indices;
+  /// Optional output [S, HV, V, K] (VFirst) or [S, HV, K, V] (KFirst), bf16 or fp32, contiguous:
+  /// the states inside each sequence every intermediate_every tokens (the comment above).
+  TensorView intermediate_states;
+  /// int32 or int64 [N + 1], on the call's device; required with intermediate_states (and only
+  /// with it): sequence n's rows of intermediate_states are offsets[n] .. offsets[n + 1] - 1.
+  TensorView intermediate_offsets;
 
   GateMode gate = GateMode::SafeSigmoid;
   StateLayout state_layout = StateLayout::VFirst;
@@ -109,6 +136,12 @@ struct ForwardArgs {
   bool allow_neg_eigval = false; ///< b = 2 * sigmoid(beta) (needs use_beta_sigmoid)
   std::optional<double> scale;   ///< output scale; default K^-0.5
   double lower_bound = -5.0;     ///< safe-gate floor, natural-log units, in [-5, 0)
+  /// Tokens between intermediate states: a positive multiple of 16 when intermediate_states is
+  /// given (on Sm90 also < 2^35); unused otherwise.
+  int64_t intermediate_every = 0;
+  /// Intermediate state j is the state after j * intermediate_every tokens (true: j = 0 is the
+  /// start state, fla's form) or after (j + 1) * intermediate_every tokens (false).
+  bool intermediate_include_initial = true;
 };
 
 /// Sizes derived from a validated call.
@@ -188,9 +221,10 @@ using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 /// Supported subset: K = V = 128; bf16 q, k, v, out; bf16 or fp32 g and beta; every gate mode
 /// (SafeSigmoid with or without A_log and dt_bias; Softplus with A_log, dt_bias optional;
 /// PreGated) and every flag (use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval); VFirst or
-/// KFirst states, bf16 or fp32 each; the state pool (ssm_state_indices). Every data pointer
-/// 16-byte aligned (beta's and ssm_state_indices': element aligned), strided activations as
-/// above. T = 0 is valid. The softplus and pre-gated decays are unbounded: any a <= 0 (down to
+/// KFirst states, bf16 or fp32 each; the state pool (ssm_state_indices); intermediate states
+/// (intermediate_offsets values unchecked, clamped as above). Every data pointer 16-byte
+/// aligned (beta's and ssm_state_indices': element aligned), strided activations as above.
+/// T = 0 is valid. The softplus and pre-gated decays are unbounded: any a <= 0 (down to
 /// -1e4 nats a token and below) gives finite results (src/sm90/forward/prepare.cu, "Unbounded
 /// gates"); a pre-gated g > 0 (a growing state) is outside the contract. final_state may be
 /// exactly initial_state (in-place update). ssm_state_indices values on the GPU are not
@@ -213,8 +247,9 @@ void forward(const ForwardArgs& args, const WorkspaceAllocator& allocate, Stream
 /// fp64 (inputs read as given, bf16 widened exactly), using up to `num_threads` threads over
 /// (sequence, value head) pairs (0 = hardware concurrency). Host tensors only; every gate
 /// mode, flag, GVA, varlen (zero-length sequences pass their state through), any K and V,
-/// both state layouts, strided activations, the state pool. cu_seqlens and ssm_state_indices
-/// values are checked here (Error on a bad one: an index >= P).
+/// both state layouts, strided activations, the state pool, intermediate states. cu_seqlens,
+/// ssm_state_indices and intermediate_offsets values are checked here (Error on a bad one: an
+/// index >= P, offsets decreasing or outside [0, S]).
 void reference_forward(const ForwardArgs& args, int num_threads = 0);
 
 }  // namespace flash_kda

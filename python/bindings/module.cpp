@@ -87,6 +87,8 @@ struct Settings {
   bool use_qk_l2norm = true;
   bool use_beta_sigmoid = true;
   bool allow_neg_eigval = false;
+  int64_t intermediate_every = 0;            // tokens between intermediate states (forward.h)
+  bool intermediate_include_initial = true;  // row 0 of each sequence is its start state
 };
 
 /// Copies `s` into `a`; an unknown gate or layout is a flash_kda::Error naming it.
@@ -98,6 +100,8 @@ void apply(ForwardArgs& a, const Settings& s) {
   a.use_qk_l2norm = s.use_qk_l2norm;
   a.use_beta_sigmoid = s.use_beta_sigmoid;
   a.allow_neg_eigval = s.allow_neg_eigval;
+  a.intermediate_every = s.intermediate_every;
+  a.intermediate_include_initial = s.intermediate_include_initial;
 }
 
 bool cuda_available() noexcept {
@@ -140,29 +144,32 @@ void run_forward(ForwardArgs& a, const Settings& s, const nb::callable& alloc, u
 }
 
 Settings settings(std::optional<double> scale, double lower_bound, std::string gate, std::string state_layout,
-                  bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval) {
-  return Settings{scale, lower_bound, std::move(gate), std::move(state_layout), use_qk_l2norm, use_beta_sigmoid,
-                  allow_neg_eigval};
+                  bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval, int64_t intermediate_every = 0,
+                  bool intermediate_include_initial = true) {
+  return Settings{scale,          lower_bound,     std::move(gate),  std::move(state_layout), use_qk_l2norm,
+                  use_beta_sigmoid, allow_neg_eigval, intermediate_every, intermediate_include_initial};
 }
 
 /// GPU forward on DLPack arrays (or None), in call-table order.
 void forward_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
                 uintptr_t stream, const RawOptions& options, std::string gate, std::string state_layout,
-                bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval) {
+                bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval, int64_t intermediate_every,
+                bool intermediate_include_initial) {
   Imported keep;
   ForwardArgs a = args_from_arrays(tensors, Target::Sm90, keep);
   run_forward(a, settings(scale, lower_bound, std::move(gate), std::move(state_layout), use_qk_l2norm, use_beta_sigmoid,
-                          allow_neg_eigval),
+                          allow_neg_eigval, intermediate_every, intermediate_include_initial),
               alloc, stream, options);
 }
 
 /// GPU forward on raw tensor descriptions (raw_view), in call-table order.
 void forward_raw_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const nb::callable& alloc,
                     uintptr_t stream, const RawOptions& options, std::string gate, std::string state_layout,
-                    bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval) {
+                    bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval, int64_t intermediate_every,
+                    bool intermediate_include_initial) {
   ForwardArgs a = args_from_raw(tensors);
   run_forward(a, settings(scale, lower_bound, std::move(gate), std::move(state_layout), use_qk_l2norm, use_beta_sigmoid,
-                          allow_neg_eigval),
+                          allow_neg_eigval, intermediate_every, intermediate_include_initial),
               alloc, stream, options);
 }
 
@@ -175,19 +182,21 @@ nb::tuple shape_tuple(const ProblemShape& p) {
 /// allocator, the stream or a launch. Reads no tensor data except a host cu_seqlens_cpu.
 nb::tuple validate_forward_raw_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound,
                                   std::string gate, std::string state_layout, bool use_qk_l2norm,
-                                  bool use_beta_sigmoid, bool allow_neg_eigval, const RawOptions& options) {
+                                  bool use_beta_sigmoid, bool allow_neg_eigval, const RawOptions& options,
+                                  int64_t intermediate_every, bool intermediate_include_initial) {
   ForwardArgs a = args_from_raw(tensors);
   apply(a, settings(scale, lower_bound, std::move(gate), std::move(state_layout), use_qk_l2norm, use_beta_sigmoid,
-                    allow_neg_eigval));
+                    allow_neg_eigval, intermediate_every, intermediate_include_initial));
   return shape_tuple(validate_forward(a, launch_options(options)));
 }
 
 void reference_py(const nb::tuple& tensors, std::optional<double> scale, double lower_bound, const std::string& gate,
                   const std::string& state_layout, bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval,
-                  int num_threads) {
+                  int num_threads, int64_t intermediate_every, bool intermediate_include_initial) {
   Imported keep;
   ForwardArgs args = args_from_arrays(tensors, Target::CpuReference, keep);
-  apply(args, settings(scale, lower_bound, gate, state_layout, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval));
+  apply(args, settings(scale, lower_bound, gate, state_layout, use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval,
+                       intermediate_every, intermediate_include_initial));
   nb::gil_scoped_release release;  // seconds of pure C++ at T = 8192
   reference_forward(args, num_threads);
 }
@@ -237,20 +246,22 @@ NB_MODULE(_core, m) {
   // The settings after launch_options default to FlashKDA's call (flash_kda.fwd passes none).
   m.def("forward", &forward_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
         "launch_options"_a.none(), "gate"_a = "safe", "state_layout"_a = "v_first", "use_qk_l2norm"_a = true,
-        "use_beta_sigmoid"_a = true, "allow_neg_eigval"_a = false,
+        "use_beta_sigmoid"_a = true, "allow_neg_eigval"_a = false, "intermediate_every"_a = 0,
+        "intermediate_include_initial"_a = true,
         "flash_kda::forward on DLPack arrays (or None), one per name of forward_tensors; see flash_kda.fwd. "
         "gate: 'safe', 'softplus' or 'none'; state_layout: 'v_first' or 'k_first'.");
 
   m.def("forward_raw", &forward_raw_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "alloc"_a, "stream"_a,
         "launch_options"_a.none(), "gate"_a = "safe", "state_layout"_a = "v_first", "use_qk_l2norm"_a = true,
-        "use_beta_sigmoid"_a = true, "allow_neg_eigval"_a = false,
+        "use_beta_sigmoid"_a = true, "allow_neg_eigval"_a = false, "intermediate_every"_a = 0,
+        "intermediate_include_initial"_a = true,
         "flash_kda::forward on raw torch tensor descriptions (data_ptr, dtype code, shape, strides, "
         "device_id; -1 for host memory) or None, one per name of forward_tensors; flash_kda.fwd's fast path. "
         "Settings as forward's.");
 
   m.def("validate_forward_raw", &validate_forward_raw_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "gate"_a,
         "state_layout"_a, "use_qk_l2norm"_a, "use_beta_sigmoid"_a, "allow_neg_eigval"_a,
-        "launch_options"_a.none() = nb::none(),
+        "launch_options"_a.none() = nb::none(), "intermediate_every"_a = 0, "intermediate_include_initial"_a = true,
         "flash_kda::validate_forward on raw descriptions (as forward_raw): everything forward_raw checks "
         "before it launches, nothing launched or allocated. Returns (batch, seqlen, num_seqs, heads, "
         "value_heads, K, V, varlen, scale) or raises flash_kda.Error. Reads no device memory, so the "
@@ -269,6 +280,7 @@ NB_MODULE(_core, m) {
 
   m.def("reference_forward", &reference_py, "tensors"_a, "scale"_a.none(), "lower_bound"_a, "gate"_a,
         "state_layout"_a, "use_qk_l2norm"_a, "use_beta_sigmoid"_a, "allow_neg_eigval"_a, "num_threads"_a,
+        "intermediate_every"_a = 0, "intermediate_include_initial"_a = true,
         "flash_kda::reference_forward on host DLPack arrays (or None), one per name of forward_tensors; "
         "see flash_kda.reference.");
 

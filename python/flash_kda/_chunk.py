@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 _traced = None
 
 #: The **kwargs fla's chunk_kda reads; any other keyword is an error here (fla ignores it).
-_KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
+_KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout", "intermediate_state_every")
 
 
 class Plan(NamedTuple):
@@ -53,12 +53,15 @@ class Plan(NamedTuple):
     settings: (scale or None, lower_bound, gate, state_layout, use_qk_l2norm,
     use_beta_sigmoid, allow_neg_eigval) as _core.forward takes them;
     output_final_state: whether a final state is returned; num_seqs: N (B, or
-    len(cu_seqlens) - 1), or -1 when q or cu_seqlens is malformed (the C++ validation names it)."""
+    len(cu_seqlens) - 1), or -1 when q or cu_seqlens is malformed (the C++ validation names it);
+    intermediate: None, or the intermediate states asked for: ("fla", chunk_size, True) for
+    return_intermediate_states (fla's h), ("every", n, False) for intermediate_state_every=n."""
 
     inputs: dict
     settings: tuple
     output_final_state: bool
     num_seqs: int
+    intermediate: tuple | None = None
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -113,9 +116,21 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
     if cp_context is not None:
         raise _error("cp_context", "context parallelism is not served by flash_kda (pass None, or use fla's "
                      "chunk_kda)")
-    if flags["return_intermediate_states"]:
-        raise _error("return_intermediate_states", "is not served yet: flash_kda has no intermediate-states "
-                     "kernel (fla's h [B, NT, HV, K, V]); pass False, or use fla's chunk_kda")
+    intermediate = None
+    every = kwargs.get("intermediate_state_every")
+    if every is not None:
+        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every <= 0 or every % 16:
+            raise _error("intermediate_state_every", f"expected a positive multiple of 16 (tokens between the "
+                         f"states returned), got {every!r}")
+        if flags["return_intermediate_states"]:
+            raise _error("intermediate_state_every", "cannot be given with return_intermediate_states (fla's "
+                         "form of the states every chunk_size tokens); pick one")
+        intermediate = ("every", int(every), False)
+    elif flags["return_intermediate_states"]:
+        intermediate = ("fla", int(chunk_size), True)
+    if intermediate is not None and flags["use_graph"]:
+        raise _error("use_graph", "intermediate states need the sequence lengths on the host, which fla's graph "
+                     "mode does not give (cu_seqlens padded per replay); pass use_graph=False, or use fla's chunk_kda")
     # disable_recompute decides what fla saves for its backward; a forward-only call saves nothing.
 
     num_seqs = -1
@@ -154,7 +169,7 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
     settings = (scale, bound, gate, "v_first" if v_first else "k_first", flags["use_qk_l2norm_in_kernel"],
                 flags["use_beta_sigmoid_in_kernel"], flags["allow_neg_eigval"])
     return Plan({n: t for n, t in tensors.items() if t is not None}, settings, flags["output_final_state"],
-                num_seqs)
+                num_seqs, intermediate)
 
 
 def ordered(named: dict) -> tuple:
@@ -231,7 +246,13 @@ def chunk_kda(
             lower_bound required. It does not change the function computed.
         lower_bound: the lower-bound gate's floor in natural-log units, in [-5, 0).
         disable_recompute: what fla saves for its backward; accepted and ignored (no backward).
-        return_intermediate_states: not served yet (raises); fla's chunk_kda serves it.
+        return_intermediate_states: also return fla's ``h``: the state before each chunk of
+            ``chunk_size`` (64) tokens of each sequence, [B, NT, HV, V, K] (state_v_first) or
+            [B, NT, HV, K, V] in k's dtype, NT = ceil(T / 64) (fixed length); varlen: B = 1 and
+            NT = sum over sequences of ceil(len_n / 64), sequence n's entries starting at
+            sum over m < n of ceil(len_m / 64) (fla's chunk_offsets); entry 0 of a sequence is
+            its initial state. Needs the sequence lengths on the host: cu_seqlens_cpu when
+            given, else one device-to-host copy of cu_seqlens (a synchronisation, as fla makes).
         state_v_first: the states' layout ([.., V, K] when True, [.., K, V] when False).
         cu_seqlens: optional int64/int32 [N + 1] on the GPU, cumulative sequence starts
             (cu[0] = 0, non-decreasing, cu[N] = T); values not checked on the GPU (no sync).
@@ -245,7 +266,13 @@ def chunk_kda(
         max_num_seqs: with use_graph and cu_seqlens, must equal len(cu_seqlens) - 1 when given.
         **kwargs: A_log (fp32 [HV]) and dt_bias (fp32 [HV * K] or [HV, K]) for the fused gate;
             chunk_size (32 or 64: fla's tiling, accepted); transpose_state_layout (fla's
-            deprecated name of state_v_first). Any other keyword raises.
+            deprecated name of state_v_first); intermediate_state_every=n (flash_kda's
+            addition, a positive multiple of 16; not with return_intermediate_states): also
+            return the states after n, 2n, ... tokens of each sequence (len_n // n of them), in
+            initial_state's dtype (fp32 without one) and the states' layout, packed by sequence,
+            with their int64 offsets [N + 1] on the GPU (sequence n's states are rows
+            offsets[n] .. offsets[n + 1] - 1); sequence lengths on the host as for
+            return_intermediate_states. Any other keyword raises.
 
     Which dtypes, shapes, layouts (strides) and gates run is decided by the C++ validation of
     flash_kda::forward (docs/errors.md), never here: today bf16 q, k, v, K = V = 128,
@@ -255,12 +282,13 @@ def chunk_kda(
 
     Returns:
         (o, final_state): o like v ([B, T, HV, V]) in q's dtype; final_state as above, or
-        None without output_final_state.
+        None without output_final_state. With return_intermediate_states: (o, final_state, h)
+        (fla's return); with intermediate_state_every: (o, final_state, states, offsets).
 
     Raises:
         flash_kda.Error (a ValueError; ``.argument`` names the argument): an input requires
-            grad while grad is enabled ("no backward yet"), cp_context given,
-            return_intermediate_states, an unknown keyword, a flag that is not a bool, fla's
+            grad while grad is enabled ("no backward yet"), cp_context given, intermediate
+            states with use_graph or under torch.compile, an unknown keyword, a flag that is not a bool, fla's
             keyword rules (A_log or lower_bound missing for the fused gate, chunk_size,
             max_num_seqs under use_graph), or anything the C++ validation rejects (the
             kernel's supported subset, shapes, dtypes, devices, strides, alignment).
@@ -279,10 +307,58 @@ def chunk_kda(
                      disable_recompute, return_intermediate_states, state_v_first, cu_seqlens, cu_seqlens_cpu,
                      cp_context, use_graph, max_num_seqs, kwargs, torch.is_grad_enabled())
     if _traced is not None and torch.compiler.is_compiling():
+        if plan.intermediate is not None:
+            raise _error("return_intermediate_states" if plan.intermediate[0] == "fla" else "intermediate_state_every",
+                         "intermediate states are not traced by torch.compile yet (they need the sequence lengths "
+                         "on the host); call chunk_kda outside the compiled region")
         return _traced(plan)
     out, final_state = new_outputs(plan, torch)
-    launch(ordered({**plan.inputs, "out": out, "final_state": final_state}), plan.settings, None, torch)
-    return out, final_state
+    if plan.intermediate is None:
+        launch(ordered({**plan.inputs, "out": out, "final_state": final_state}), plan.settings, None, torch)
+        return out, final_state
+    states, offsets = new_intermediate(plan, torch)
+    form, every, include_initial = plan.intermediate
+    launch(ordered({**plan.inputs, "out": out, "final_state": final_state, "intermediate_states": states,
+                    "intermediate_offsets": offsets}), plan.settings + (every, include_initial), None, torch)
+    if form == "fla":  # h [B, NT, HV, ..]: NT chunks per batch entry (fixed length), all of them (varlen)
+        batch = 1 if cu_seqlens is not None else int(_dims(q)[0])
+        return out, final_state, states.view(batch, states.shape[0] // max(batch, 1), *states.shape[1:])
+    return out, final_state, states, offsets
+
+
+def sequence_lengths(plan: Plan, torch) -> list[int]:
+    """The token count of each sequence, on the host: B times T, or the differences of
+    cu_seqlens_cpu when given, else of cu_seqlens copied from the device (one device-to-host
+    copy and a synchronisation, as fla's chunk_kda makes for its chunk indices)."""
+    q = plan.inputs["q"]
+    cu = plan.inputs.get("cu_seqlens")
+    if cu is None:
+        return [int(_dims(q)[1])] * int(_dims(q)[0]) if len(_dims(q)) == 4 else []
+    host = plan.inputs.get("cu_seqlens_cpu")
+    values = (host if host is not None else cu).detach().to("cpu").tolist()
+    return [max(int(b) - int(a), 0) for a, b in zip(values[:-1], values[1:])]
+
+
+def new_intermediate(plan: Plan, torch):
+    """(states, offsets) for plan.intermediate, states uninitialised. fla's form: one state per
+    started chunk of each sequence, the state before it (ceil(len / chunk_size) rows, fla's
+    chunk_offsets), in k's dtype, [S, HV, V, K] (state_v_first) or [S, HV, K, V]; the every-n
+    form: the states after n, 2n, ... tokens (len // n rows), in initial_state's dtype (fp32
+    without one). offsets: int64 [N + 1] on q's device."""
+    form, every, _ = plan.intermediate
+    q, k, v = plan.inputs["q"], plan.inputs["k"], plan.inputs["v"]
+    lens = sequence_lengths(plan, torch)
+    counts = [-(-n // every) for n in lens] if form == "fla" else [n // every for n in lens]
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    init = plan.inputs.get("initial_state")
+    dtype = getattr(k, "dtype", q.dtype) if form == "fla" else (init.dtype if init is not None else torch.float32)
+    dq, dv = _dims(q), _dims(v)
+    kd, vd, hv = (int(dq[3]), int(dv[3]), int(dv[2])) if len(dq) == 4 and len(dv) == 4 else (1, 1, 1)
+    dims = (vd, kd) if plan.settings[3] == "v_first" else (kd, vd)
+    states = torch.empty((offsets[-1], hv, *dims), dtype=dtype, device=q.device)
+    return states, torch.tensor(offsets, dtype=torch.int64, device=q.device)
 
 
 def new_outputs(plan: Plan, torch):

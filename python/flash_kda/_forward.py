@@ -27,7 +27,7 @@ _traced_fwd = None
 # The call's tensors in the call table's order (include/flash_kda/call_table.h): fwd and
 # reference build their tuples in this order, and the import fails if the table's order differs.
 FORWARD_TENSORS = ("q", "k", "v", "g", "beta", "out", "A_log", "dt_bias", "cu_seqlens", "initial_state",
-                   "final_state", "cu_seqlens_cpu", "ssm_state_indices")
+                   "final_state", "cu_seqlens_cpu", "ssm_state_indices", "intermediate_states", "intermediate_offsets")
 if tuple(_core.forward_tensors) != FORWARD_TENSORS:
     raise ImportError(f"flash_kda._core's call table {tuple(_core.forward_tensors)} does not match the Python "
                       f"package's {FORWARD_TENSORS}: the package and its extension are from different builds")
@@ -102,6 +102,10 @@ def fwd(
     cu_seqlens_cpu: torch.Tensor | None = None,
     check_cu_seqlens: bool = False,
     launch_options: LaunchOptions | None = None,
+    intermediate_states: torch.Tensor | None = None,
+    intermediate_offsets: torch.Tensor | None = None,
+    intermediate_every: int = 0,
+    intermediate_include_initial: bool = True,
 ) -> None:
     """KDA forward on an sm_90 GPU; the call and meaning of MoonshotAI FlashKDA's ``fwd``.
 
@@ -140,6 +144,20 @@ def fwd(
             above. The environment variable FLASH_KDA_CHECK_CU_SEQLENS=1, read at import,
             turns it on for every call (e.g. calls made by fla).
         launch_options: a :class:`LaunchOptions`, or None for the plan's choices.
+        intermediate_states: optional bf16 or fp32 [S, HV, V, K] (v-first, contiguous), written:
+            the states inside each sequence every ``intermediate_every`` tokens (prefix
+            caching). Sequence n's states are rows ``intermediate_offsets[n] ..
+            intermediate_offsets[n + 1] - 1``; its row ``offsets[n] + j`` is the state after
+            ``j * intermediate_every`` tokens (``intermediate_include_initial``: j = 0 is the
+            initial state) or after ``(j + 1) * intermediate_every`` tokens (otherwise), for
+            every j with that many tokens in the sequence and inside its range; other rows are
+            left as they are. fla's ``chunk_kda(return_intermediate_states=True)`` ``h`` is
+            every 64 with the initial state and fla's chunk offsets (ceil(len / 64) rows each).
+        intermediate_offsets: int32/int64 [N + 1] on the GPU, required with
+            intermediate_states. Its values are not checked (that would need a sync): they are
+            clamped to [0, S] on the device, so nothing outside the tensor is written.
+        intermediate_every: tokens between intermediate states, a positive multiple of 16.
+        intermediate_include_initial: whether row j = 0 of a sequence is its initial state.
 
     All tensors on one CUDA device. q, k, v, g, beta and out may be strided views (any batch,
     token and head strides, unit stride in the last dimension: e.g. slices of a fused qkv
@@ -168,6 +186,9 @@ def fwd(
             raise ImportError("flash_kda.fwd needs PyTorch with CUDA and an sm_90 GPU; "
                               "without them only flash_kda.reference is available") from e
     if _traced_fwd is not None and torch.compiler.is_compiling():
+        if intermediate_states is not None or intermediate_offsets is not None:
+            raise _error("intermediate_states", "is not traced by torch.compile yet (the flash_kda::forward op has "
+                         "no intermediate states); call fwd outside the compiled region")
         return _traced_fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state, final_state,
                            cu_seqlens, cu_seqlens_cpu, check_cu_seqlens, launch_options)
     if lower_bound is None:
@@ -201,17 +222,27 @@ def fwd(
         def alloc(nbytes: int) -> torch.Tensor:
             return torch.empty(nbytes, dtype=torch.uint8)
 
+    if isinstance(intermediate_every, bool) or not isinstance(intermediate_every, numbers.Integral):
+        raise _error("intermediate_every", "expected an int (a positive multiple of 16 with intermediate_states), got "
+                     f"{type(intermediate_every).__name__}")
+    if not -(1 << 63) <= intermediate_every < (1 << 63):
+        raise _error("intermediate_every", f"expected a positive multiple of 16, got {intermediate_every}")
+    if not isinstance(intermediate_include_initial, bool):
+        raise _error("intermediate_include_initial",
+                     f"expected a bool, got {type(intermediate_include_initial).__name__}")
+    spacing = dict(intermediate_every=int(intermediate_every), intermediate_include_initial=intermediate_include_initial)
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu,
-               None)  # ssm_state_indices: the C++ API's state pool, not part of FlashKDA's fwd
+               None,  # ssm_state_indices: the C++ API's state pool, not part of FlashKDA's fwd
+               intermediate_states, intermediate_offsets)
     raw = _raw_descriptions(tensors, torch)
     if raw is not None:
-        _core.forward_raw(raw, scale, lower_bound, alloc, stream, options)
+        _core.forward_raw(raw, scale, lower_bound, alloc, stream, options, **spacing)
         return
     # Some argument is not a torch tensor: DLPack reads the others (numpy arrays, ...) and the
     # binding names what cannot be read. DLPack refuses tensors that require grad; detach()
     # shares storage, so out/final_state are still written.
     _core.forward(tuple(t.detach() if getattr(t, "requires_grad", False) else t for t in tensors),
-                  scale, lower_bound, alloc, stream, options)
+                  scale, lower_bound, alloc, stream, options, **spacing)
 
 
 def launch(tensors: tuple, settings: tuple, options: tuple | None, torch) -> None:

@@ -75,7 +75,10 @@ def reference(
     state_layout: Literal["v_first", "k_first"] = "v_first",
     output_final_state: bool = False,
     num_threads: int = 0,
-) -> tuple[np.ndarray, np.ndarray | None]:
+    intermediate_every: int | None = None,
+    intermediate_include_initial: bool = True,
+    intermediate_offsets: Any = None,
+) -> tuple:
     """KDA forward evaluated token by token in fp64 on the CPU (C++ flash_kda::reference_forward).
 
     The recurrence of docs/kda-spec.md, per sequence and value head, state S (K x V) from
@@ -102,10 +105,22 @@ def reference(
         state_layout: layout of initial_state and of the returned final state.
         output_final_state: also return the final state.
         num_threads: worker threads over (sequence, head) pairs, >= 0; 0 = all cores.
+        intermediate_every: also return the states inside each sequence every this many
+            tokens (a positive multiple of 16; C++ ForwardArgs::intermediate_*): row
+            offsets[n] + j is sequence n's state after j * every tokens
+            (intermediate_include_initial: j = 0 is the initial state) or after (j + 1) * every
+            tokens, for every j with that many tokens in the sequence and inside its range.
+        intermediate_include_initial: see intermediate_every.
+        intermediate_offsets: int32/int64 [N + 1], where each sequence's rows start; None: one
+            row per state the sequence reaches (len // every, plus 1 with the initial state),
+            packed in sequence order. fla's h is every 64 with the initial state and offsets
+            cumsum(ceil(len / 64)).
 
     Returns:
         (out, final_state): float64 numpy arrays; out has v's shape; final_state is
         [N, HV, V, K] or [N, HV, K, V] per state_layout when output_final_state, else None.
+        With intermediate_every: (out, final_state, states, offsets), states float64
+        [S, HV, V, K] or [S, HV, K, V] (rows no state reaches are NaN), offsets int64 [N + 1].
 
     Raises:
         flash_kda.Error: an argument is invalid (a tensor that is None or not an array, a
@@ -141,8 +156,45 @@ def reference(
         final_state = np.empty((max(n, 0), hv, *dims), dtype=np.float64)
     cu_seqlens_cpu = None  # cu_seqlens is already on the host: its values are checked as given
 
+    states = offsets = None
+    every = 0
+    if intermediate_every is not None:
+        if isinstance(intermediate_every, (bool, np.bool_)) or not isinstance(intermediate_every, (int, np.integer)):
+            raise _error("intermediate_every", f"expected an int, got {type(intermediate_every).__name__}")
+        every = int(intermediate_every)
+        include = _flag("intermediate_include_initial", intermediate_include_initial)
+        offsets = _intermediate_offsets(intermediate_offsets, q, cu_seqlens, every, include)
+        if len(_shape(v)) == 4 and len(_shape(q)) == 4 and offsets.ndim == 1 and offsets.size > 0:
+            hv, kdim, vdim = _shape(v)[2], _shape(q)[3], _shape(v)[3]
+            dims = (vdim, kdim) if state_layout == "v_first" else (kdim, vdim)
+            states = np.full((max(int(offsets[-1]), 0), hv, *dims), np.nan)
+        else:  # malformed: the C++ validation names the argument
+            states = np.zeros((0,))
+    elif intermediate_offsets is not None:
+        raise _error("intermediate_offsets", "is given without intermediate_every")
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu,
-               None)  # ssm_state_indices
+               None,  # ssm_state_indices
+               states, offsets)
     _core.reference_forward(tensors, scale, lower_bound, gate, state_layout, *flags[:3],
-                            int(num_threads))
+                            int(num_threads), every,
+                            bool(intermediate_include_initial) if intermediate_every is not None else True)
+    if intermediate_every is not None:
+        return out, final_state, states, offsets
     return out, final_state
+
+
+def _intermediate_offsets(given: Any, q: Any, cu_seqlens: Any, every: int, include_initial: bool) -> np.ndarray:
+    """The offsets of reference()'s intermediate states: `given` on the host, or one row per state
+    each sequence reaches, from its length (cu_seqlens, else B sequences of q's T tokens)."""
+    if given is not None:
+        return np.ascontiguousarray(np.asarray(_host(given, "intermediate_offsets")))
+    if every <= 0 or every % 16:
+        raise _error("intermediate_every", f"expected a positive multiple of 16 (tokens between intermediate "
+                     f"states), got {every}")
+    if cu_seqlens is not None:
+        lens = np.diff(np.asarray(cu_seqlens).astype(np.int64))
+    else:
+        shape = _shape(q)
+        lens = np.full(shape[0] if len(shape) == 4 else 0, shape[1] if len(shape) == 4 else 0, dtype=np.int64)
+    counts = np.maximum(lens, 0) // every + (1 if include_initial else 0)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

@@ -47,7 +47,8 @@ void check_table_dtype(const ForwardArgs& a, const char* name, Target target) {
 
 // The kernels load q, k, v and g rows with 16-byte copies, store out rows with 16-byte vectors
 // and states with 8-byte ones; one rule for every tensor keeps the check simple (torch
-// allocations are 256-byte aligned). beta and ssm_state_indices are read an element at a time.
+// allocations are 256-byte aligned). beta, ssm_state_indices and intermediate_offsets are read an
+// element at a time.
 constexpr uintptr_t kSm90Alignment = 16;
 
 // The per-token tensors, which may be strided views ([B, T, heads, dim], beta [B, T, HV]).
@@ -121,8 +122,9 @@ void check_placement(const ForwardArgs& a, Target target) {
       if (t.device_id != a.q.device_id)
         throw Error(n.name, "q is on " + device_str(a.q) + " but " + n.name + " on " + device_str(t) +
                                 "; all tensors must be on one device");
-      const uintptr_t align = std::string_view(spec.name) == "ssm_state_indices" ? uintptr_t(dtype_size(t.dtype))
-                                                                                 : kSm90Alignment;
+      const bool index = std::string_view(spec.name) == "ssm_state_indices" ||
+                         std::string_view(spec.name) == "intermediate_offsets";
+      const uintptr_t align = index ? uintptr_t(dtype_size(t.dtype)) : kSm90Alignment;
       if (!activation && t.numel() > 0 && reinterpret_cast<uintptr_t>(t.data) % align != 0)
         throw Error(n.name, std::string("data pointer must be ") + (align == kSm90Alignment ? "16-byte" : "element") +
                                 " aligned for the Sm90 kernels");
@@ -219,6 +221,53 @@ void check_states(const ForwardArgs& a, Target target, const ProblemShape& p) {
   }
 }
 
+// Intermediate states (forward.h): the tensor, its offsets and the spacing go together. The
+// offsets' values are read where they are on the host (the reference); on the GPU the kernels
+// clamp them.
+void check_intermediate(const ForwardArgs& a, Target target, const ProblemShape& p) {
+  const TensorView& st = a.intermediate_states;
+  const TensorView& off = a.intermediate_offsets;
+  if (!st.defined()) {
+    if (off.defined())
+      throw Error("intermediate_offsets", "is given without intermediate_states; pass both or neither");
+    return;
+  }
+  if (!off.defined())
+    throw Error("intermediate_offsets", "is required with intermediate_states (int32/int64 [N + 1]: sequence n's "
+                                        "states are rows offsets[n] .. offsets[n + 1] - 1), got an absent tensor");
+  const int64_t every = a.intermediate_every;
+  if (every <= 0 || every % 16 != 0)
+    throw Error("intermediate_every", "expected a positive multiple of 16 (tokens between intermediate states), got " +
+                                          std::to_string(every));
+  if (target == Target::Sm90 && every / 16 >= (int64_t{1} << 31))
+    throw Error("intermediate_every", "must be < 2^35 tokens for Sm90 (32-bit chunk counts), got " + std::to_string(every));
+  const bool v_first = a.state_layout == StateLayout::VFirst;
+  check_table_dtype(a, "intermediate_states", target);
+  check_rank(st, "intermediate_states", 4, v_first ? "[S, HV, V, K] (v-first state layout)" : "[S, HV, K, V] (k-first state layout)");
+  const int64_t rows = st.shape[0];
+  const std::vector<int64_t> dims = v_first ? std::vector<int64_t>{rows, p.value_heads, p.head_dim_v, p.head_dim_k}
+                                            : std::vector<int64_t>{rows, p.value_heads, p.head_dim_k, p.head_dim_v};
+  check_shape(st, "intermediate_states", dims,
+              v_first ? "[S, HV, V, K] (v-first state layout)" : "[S, HV, K, V] (k-first state layout)",
+              "(S rows of states, HV, V and K like v and k)");
+  check_table_dtype(a, "intermediate_offsets", target);
+  check_shape(off, "intermediate_offsets", {p.num_seqs + 1}, tensor_spec("intermediate_offsets").shape,
+              p.varlen ? "with N = len(cu_seqlens) - 1" : "with N = B");
+  if (target == Target::Sm90 && rows >= (int64_t{1} << 31))
+    throw Error("intermediate_states", "S = " + std::to_string(rows) + " rows must be < 2^31 for Sm90");
+  if (off.device != DeviceType::CPU) return;  // device values cannot be read without a sync
+  int64_t prev = 0;
+  for (int64_t i = 0; i <= p.num_seqs; ++i) {
+    const int64_t o = host_index(off, i);
+    if (o < prev || o > rows)
+      throw Error("intermediate_offsets", "entry [" + std::to_string(i) + "] = " + std::to_string(o) +
+                                              (o < prev ? " is below the entry before it (" + std::to_string(prev) + ")"
+                                                        : " is past S = intermediate_states.shape[0] = " + std::to_string(rows)) +
+                                              "; expected 0 <= offsets[0] <= ... <= offsets[N] <= S");
+    prev = o;
+  }
+}
+
 void check_gate(const ForwardArgs& a, Target target, const ProblemShape& p) {
   detail::check_gate_mode(a);
   // As fla's chunk_kda and the decode call: the softplus gate's rate has no default on the GPU.
@@ -291,6 +340,15 @@ void check_aliasing(const ForwardArgs& a) {
       a.out, a.final_state, a.initial_state, inputs, spans_overlap,
       [](const TensorView& f, const TensorView& i) { return f.data == i.data && f.dtype == i.dtype; },
       "same pointer, shape and dtype");
+  const TensorView& st = a.intermediate_states;
+  if (!st.defined()) return;
+  for (const Named& in : inputs)
+    if (in.t->defined() && spans_overlap(st, *in.t))
+      throw Error("intermediate_states", std::string("overlaps input ") + in.name +
+                                             "; intermediate_states must be a separate buffer");
+  for (const Named o : {Named{&a.out, "out"}, Named{&a.final_state, "final_state"}})
+    if (o.t->defined() && spans_overlap(st, *o.t))
+      throw Error("intermediate_states", std::string("overlaps ") + o.name + "; the outputs must be separate buffers");
 }
 
 }  // namespace
@@ -307,6 +365,7 @@ ProblemShape validate(const ForwardArgs& args, Target target) {
   check_sequences(args, target, p);
   check_flags(args, target);
   check_states(args, target, p);
+  check_intermediate(args, target, p);
   check_gate(args, target, p);
   if (target == Target::Sm90) check_sm90_subset(p);
   check_aliasing(args);

@@ -32,7 +32,36 @@ struct Plan {
   std::vector<double> dt_bias;       ///< [HV * K], 0 without dt_bias
   std::vector<double>* out = nullptr;          ///< [T_total, HV, V] (B * T tokens when fixed)
   std::vector<double>* final_state = nullptr;  ///< [N, HV, K, V] (S itself, k-first; by sequence, not slot)
+  /// Intermediate states (forward.h), when asked for: [S, HV, K, V] (k-first), and for each row
+  /// the sequence whose state it receives (-1: none; the last of overlapping ranges).
+  std::vector<double>* inter = nullptr;
+  std::vector<int64_t> inter_row_first;  ///< [N] offsets[n]
+  std::vector<int64_t> inter_writer;     ///< [S]
 };
+
+/// Entry i of an int32 / int64 index tensor, widened.
+int64_t index_at(const TensorView& t, int64_t i) {
+  return t.dtype == DType::I32 ? int64_t(static_cast<const int32_t*>(t.data)[i]) : static_cast<const int64_t*>(t.data)[i];
+}
+
+/// The row of intermediate_states that receives sequence n's state after `done` tokens, or -1:
+/// done must be a multiple of intermediate_every, its j (forward.h) inside n's range, and the
+/// row not taken by a later sequence.
+int64_t inter_row(const Plan& plan, int64_t n, int64_t done) {
+  const ForwardArgs& a = *plan.args;
+  if (plan.inter == nullptr || done % a.intermediate_every != 0) return -1;
+  const int64_t j = done / a.intermediate_every - (a.intermediate_include_initial ? 0 : 1);
+  if (j < 0) return -1;
+  const int64_t row = plan.inter_row_first[size_t(n)] + j;
+  return row < int64_t(plan.inter_writer.size()) && plan.inter_writer[size_t(row)] == n ? row : -1;
+}
+
+/// Copies S (k-first K x V) into row `row`, value head hv, of the plan's intermediate buffer.
+void keep_inter(const Plan& plan, int64_t row, int64_t hv, const std::vector<double>& S) {
+  if (row < 0) return;
+  const int64_t KV = plan.p.head_dim_k * plan.p.head_dim_v;
+  std::copy(S.begin(), S.end(), plan.inter->begin() + (row * plan.p.value_heads + hv) * KV);
+}
 
 /// Element offset of the row of flat token `tok`, head `h` of a per-token tensor ([B, T, heads,
 /// dim] or beta [B, T, HV]; any batch, token and head strides, unit last stride): token tok is
@@ -84,7 +113,9 @@ void run_head(const Plan& plan, int64_t n, int64_t hv) {
   const double rate = plan.decay_rate[size_t(hv)];
   const double* bias = &plan.dt_bias[size_t(hv * K)];
 
-  for (int64_t tok = plan.seq_start[size_t(n)]; tok < plan.seq_start[size_t(n + 1)]; ++tok) {
+  const int64_t seq_first = plan.seq_start[size_t(n)];
+  keep_inter(plan, inter_row(plan, n, 0), hv, S);
+  for (int64_t tok = seq_first; tok < plan.seq_start[size_t(n + 1)]; ++tok) {
     const int64_t q_base = row_offset(a.q, p, tok, h), k_base = row_offset(a.k, p, tok, h);
     const int64_t g_base = row_offset(a.g, p, tok, hv), v_base = row_offset(a.v, p, tok, hv);
     for (int64_t i = 0; i < K; ++i) {
@@ -96,6 +127,7 @@ void run_head(const Plan& plan, int64_t n, int64_t hv) {
     for (int64_t j = 0; j < V; ++j) in.v[size_t(j)] = load_element(a.v, v_base + j);
     const int64_t out_base = (tok * HV + hv) * V;  // the private [T_total, HV, V] buffer
     reference_detail::token_step(S, in, flags, rate, bias, &(*plan.out)[size_t(out_base)]);
+    keep_inter(plan, inter_row(plan, n, tok - seq_first + 1), hv, S);
   }
 
   if (plan.final_state)
@@ -162,6 +194,24 @@ void reference_forward(const ForwardArgs& args, int num_threads) {
     final_state.resize(size_t(p.num_seqs * HV * K * V));
     plan.final_state = &final_state;
   }
+  std::vector<double> inter;
+  if (args.intermediate_states.defined()) {
+    // Which row takes which sequence's state, in sequence order (a later range wins a shared row).
+    const TensorView& off = args.intermediate_offsets;
+    const int64_t rows = args.intermediate_states.shape[0], every = args.intermediate_every;
+    const int64_t shift = args.intermediate_include_initial ? 0 : 1;
+    plan.inter_writer.assign(size_t(rows), -1);
+    plan.inter_row_first.resize(size_t(p.num_seqs));
+    for (int64_t n = 0; n < p.num_seqs; ++n) {
+      const int64_t begin = index_at(off, n), count = index_at(off, n + 1) - begin;
+      const int64_t len = plan.seq_start[size_t(n + 1)] - plan.seq_start[size_t(n)];
+      plan.inter_row_first[size_t(n)] = begin;
+      if (state_slot(args, n) < 0) continue;  // padded: no state at all
+      for (int64_t j = 0; j < count && (j + shift) * every <= len; ++j) plan.inter_writer[size_t(begin + j)] = n;
+    }
+    inter.resize(size_t(rows * HV * K * V));
+    plan.inter = &inter;
+  }
   run_all(plan, num_threads);
 
   for (int64_t tok = 0; tok < p.batch * p.seqlen; ++tok)
@@ -183,6 +233,18 @@ void reference_forward(const ForwardArgs& args, int num_threads) {
             store_element(args.final_state, base + dst, S[i * V + j]);
           }
       }
+    }
+  }
+  for (int64_t row = 0; row < int64_t(plan.inter_writer.size()); ++row) {
+    if (plan.inter_writer[size_t(row)] < 0) continue;  // rows no sequence reaches stay untouched
+    for (int64_t hv = 0; hv < HV; ++hv) {
+      const double* S = &inter[size_t((row * HV + hv) * K * V)];
+      const int64_t base = (row * HV + hv) * K * V;
+      for (int64_t i = 0; i < K; ++i)
+        for (int64_t j = 0; j < V; ++j) {
+          const int64_t dst = args.state_layout == StateLayout::VFirst ? j * K + i : i * V + j;
+          store_element(args.intermediate_states, base + dst, S[i * V + j]);
+        }
     }
   }
 }

@@ -18,7 +18,8 @@ using flash_kda::TensorSpec;
 TEST(CallTable, ListsEveryTensorFieldOnceInApiOrder) {
   const std::vector<std::string> expected = {"q",       "k",          "v",             "g",           "beta",
                                              "out",     "A_log",      "dt_bias",       "cu_seqlens",  "initial_state",
-                                             "final_state", "cu_seqlens_cpu", "ssm_state_indices"};
+                                             "final_state", "cu_seqlens_cpu", "ssm_state_indices",
+                                             "intermediate_states", "intermediate_offsets"};
   std::vector<std::string> names;
   std::set<const TensorView*> members;
   const ForwardArgs probe;
@@ -35,7 +36,7 @@ TEST(CallTable, ListsEveryTensorFieldOnceInApiOrder) {
 TEST(CallTable, RolesAndOptionality) {
   for (const TensorSpec& s : kForwardTensors) {
     const std::string n = s.name;
-    EXPECT_EQ(s.role == TensorRole::Output, n == "out" || n == "final_state") << n;
+    EXPECT_EQ(s.role == TensorRole::Output, n == "out" || n == "final_state" || n == "intermediate_states") << n;
     const bool required = n == "q" || n == "k" || n == "v" || n == "g" || n == "beta" || n == "out";
     EXPECT_EQ(s.optional, !required) << n;
     EXPECT_EQ(s.host_only, n == "cu_seqlens_cpu") << n;

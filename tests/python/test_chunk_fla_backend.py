@@ -215,12 +215,13 @@ def test_verifier_accepts_flashkdas_call(gpu):
     args, kw = _fla_call()
     assert _fla_chunk.verify_call(*args, **kw) == (True, None)
     assert _fla_chunk.verify_call(*args, **{**kw, "output_final_state": False, "initial_state": None}) == (True, None)
+    assert _fla_chunk.verify_call(*args, **{**kw, "return_intermediate_states": True}) == (True, None)
 
 
 @pytest.mark.parametrize("change, reason", [
     (dict(q=T(B, L, H, K, is_cuda=False)), "q must be a CUDA tensor"),
     (dict(cp_context=object()), "cp_context"),
-    (dict(return_intermediate_states=True), "no intermediate-states kernel"),
+    (dict(return_intermediate_states=True, use_graph=True), "intermediate states need the sequence lengths"),
     (dict(chunk_size=128), "chunk_size"),
     (dict(head_first=True), "head_first: is not a keyword"),
     (dict(q=T(B, L, H, 64), k=T(B, L, H, 64), g=T(B, L, H, 64), dt_bias=T(H * 64, dtype="torch.float32"),

@@ -105,7 +105,11 @@ def test_deprecated_transpose_state_layout_is_state_v_first():
     (dict(kwargs=dict(A_log=T(H, dtype="torch.float32", requires_grad=True)), grad_enabled=True), "A_log",
      "no backward yet"),
     (dict(cp_context=object()), "cp_context", "context parallelism"),
-    (dict(return_intermediate_states=True), "return_intermediate_states", "no intermediate-states kernel"),
+    (dict(return_intermediate_states=True, use_graph=True), "use_graph", "intermediate states need the sequence"),
+    (dict(return_intermediate_states=True, kwargs=dict(intermediate_state_every=64)), "intermediate_state_every",
+     "pick one"),
+    (dict(kwargs=dict(intermediate_state_every=24)), "intermediate_state_every", "positive multiple of 16"),
+    (dict(kwargs=dict(intermediate_state_every=True)), "intermediate_state_every", "positive multiple of 16"),
     (dict(kwargs=dict(head_first=False)), "head_first", "is not a keyword of chunk_kda"),
     (dict(kwargs=dict(chunk_size=16)), "chunk_size", "32 or 64"),
     (dict(safe_gate=False, lower_bound=None, kwargs=dict(A_log=_DROP)), "A_log", "softplus gate"),
@@ -118,6 +122,14 @@ def test_deprecated_transpose_state_layout_is_state_v_first():
 def test_refusals_name_the_argument(change, argument, words):
     e = refusal(**change)
     assert e.argument == argument and words in str(e), str(e)
+
+
+def test_intermediate_state_forms():
+    assert plan().intermediate is None
+    assert plan(return_intermediate_states=True).intermediate == ("fla", 64, True)
+    assert plan(return_intermediate_states=True, kwargs=dict(chunk_size=32)).intermediate == ("fla", 32, True)
+    assert plan(kwargs=dict(intermediate_state_every=48)).intermediate == ("every", 48, False)
+    assert plan(return_intermediate_states=True).settings == plan().settings
 
 
 def test_grad_flags_are_read_only_while_grad_is_enabled():

@@ -272,7 +272,9 @@ def test_fwd_keeps_flashkda_signature():
                           ("lower_bound", empty), ("initial_state", None), ("final_state", None),
                           ("cu_seqlens", None)]
     keyword_only = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
-    assert keyword_only == {"cu_seqlens_cpu": None, "check_cu_seqlens": False, "launch_options": None}
+    assert keyword_only == {"cu_seqlens_cpu": None, "check_cu_seqlens": False, "launch_options": None,
+                            "intermediate_states": None, "intermediate_offsets": None, "intermediate_every": 0,
+                            "intermediate_include_initial": True}
 
 
 def test_every_table_tensor_is_a_parameter():
@@ -283,5 +285,5 @@ def test_every_table_tensor_is_a_parameter():
     names = _core.forward_tensors
     assert names[:6] == ("q", "k", "v", "g", "beta", "out")
     # ssm_state_indices (the C++ API's state pool) is not in FlashKDA's fwd: fwd passes None.
-    assert names[-1] == "ssm_state_indices"
-    assert set(names[:-1]) <= set(inspect.signature(flash_kda.fwd).parameters)
+    assert names[-3:] == ("ssm_state_indices", "intermediate_states", "intermediate_offsets")
+    assert set(names) - {"ssm_state_indices"} <= set(inspect.signature(flash_kda.fwd).parameters)

@@ -110,6 +110,17 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
   const bool k_first = a.state_layout == StateLayout::KFirst;
   const RowLayout out_rows = row_layout(a.out, p);
 
+  InterStates inter;  // states == nullptr: none asked for
+  if (a.intermediate_states.defined()) {
+    inter.states = a.intermediate_states.data;
+    inter.is_f32 = a.intermediate_states.dtype == DType::F32;
+    inter.offsets = a.intermediate_offsets.data;
+    inter.offsets_64 = a.intermediate_offsets.dtype == DType::I64;
+    inter.num_rows = a.intermediate_states.shape[0];
+    inter.every_chunks = a.intermediate_every / kChunk;
+    inter.include_initial = a.intermediate_include_initial;
+  }
+
   ChainParams chain{};
   chain.records = records;
   chain.v = a.v.data;
@@ -150,6 +161,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
     fp.final_state = final_state;
     fp.final_is_f32 = final_is_f32;
     fp.seg_states = seg_states;
+    fp.inter = inter;
     check_cuda(launch_segment_finish(fp, plan.segment_finish, ctx, stream), "segment finish launch");
     return;
   }
@@ -165,6 +177,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
   rp.final_state = final_state;
   rp.initial_is_f32 = initial_is_f32;
   rp.final_is_f32 = final_is_f32;
+  rp.inter = inter;
   const size_t window_records = size_t(plan.window_slots) * size_t(p.value_heads) * kRecordBytes;
   if (plan.pipelined()) check_cuda(cudaMemsetAsync(done, 0, plan.bytes.done, stream), "cudaMemsetAsync (window counts)");
   for (int64_t w = 0; w < plan.num_windows; ++w) {

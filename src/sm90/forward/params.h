@@ -67,6 +67,36 @@ struct StatePool {
 #endif
 };
 
+/// Intermediate states (forward.h "Intermediate states"): where the passes that walk a sequence's
+/// chunks in order (WindowPass, SegmentFinishPass) store the state at every_chunks-chunk
+/// boundaries. The offsets are on the device and unchecked, so each range is clamped into
+/// [0, num_rows): no store leaves the tensor. states == nullptr: none asked for (the kernels
+/// then run an instantiation without this code, recurrence.cu).
+struct InterStates {
+  void* states = nullptr;          // [S, HV, V, K] (or K, V) bf16 or fp32 (is_f32), or nullptr
+  bool is_f32 = false;
+  const void* offsets = nullptr;   // int32 / int64 [N + 1]
+  bool offsets_64 = false;
+  int64_t num_rows = 0;            // S
+  int64_t every_chunks = 1;        // intermediate_every / 16
+  bool include_initial = true;     // row j: after j * every tokens (else (j + 1) * every)
+#if defined(__CUDACC__)
+  /// First row and row count of sequence n, clamped: 0 <= first, first + count <= num_rows.
+  struct Rows {
+    int64_t first, count;
+  };
+  __device__ __forceinline__ Rows rows(int64_t n) const {
+    auto at = [&](int64_t i) {
+      const int64_t o = offsets_64 ? static_cast<const int64_t*>(offsets)[i]
+                                   : static_cast<int64_t>(static_cast<const int32_t*>(offsets)[i]);
+      return o < 0 ? int64_t(0) : (o > num_rows ? num_rows : o);
+    };
+    const int64_t b = at(n), e = at(n + 1);
+    return {b, e > b ? e - b : 0};
+  }
+#endif
+};
+
 /// What every state pass reads.
 struct ChainParams {
   const char* records;          // [(slot - slot_begin) * HV + hv] (slot_begin 0 with segments)
@@ -97,6 +127,7 @@ struct WindowParams : ChainParams {
   unsigned* done_in;
   unsigned done_expected;
   unsigned* done_out;
+  InterStates inter;            // last, so the fields above keep their offsets
 };
 
 /// What both segment passes read: seg_len chunks per segment, blockIdx.x = sequence *
@@ -118,6 +149,7 @@ struct SegmentFinishParams : SegmentParams {
   void* final_state;            // [N or P, HV, V, K] (or K, V) or nullptr
   bool final_is_f32;
   const float* seg_states;      // fp32 [N][max_segs][HV][V][K]: state entering segment j
+  InterStates inter;            // last, so the fields above keep their offsets
 };
 
 /// Segment scan parameters (segment_scan.cu).

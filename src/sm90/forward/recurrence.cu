@@ -180,7 +180,41 @@ __device__ __forceinline__ void write_zero_rows(const Params& p, const ChainWork
         make_uint4(0u, 0u, 0u, 0u);
 }
 
-template <int NW, class Pass>
+// Intermediate states (kInter instantiations, params.h InterStates): the block stores the state
+// at each boundary b (chunks of the sequence done) in (c_begin, c_end], and at b = 0 when it
+// starts the sequence, where b is a multiple of every_chunks, b * 16 <= the sequence's length
+// (a partial last chunk ends at no multiple of 16 tokens) and the row j = b / every_chunks -
+// shift (shift 1 without include_initial) is inside the sequence's clamped range. Every boundary
+// is then stored by exactly one block: a window or segment starting at c_begin > 0 leaves its
+// start to the block that ended there.
+struct InterCursor {
+  int64_t next_b;    // the next boundary to store; -1: none left
+  int64_t last_b;    // the last one this block may store
+  int64_t every;     // every_chunks
+  int64_t row;       // the row of next_b
+  __device__ __forceinline__ void advance() {
+    next_b += every;
+    ++row;
+    if (next_b > last_b) next_b = -1;
+  }
+};
+
+__device__ __forceinline__ InterCursor inter_cursor(const InterStates& is, int64_t n, int64_t c_begin, int64_t c_end,
+                                                    int64_t seq_len) {
+  const InterStates::Rows r = is.rows(n);
+  const int64_t shift = is.include_initial ? 0 : 1, ec = is.every_chunks;
+  const int64_t by_rows = (r.count - 1 + shift) * ec;  // the boundary of the range's last row
+  const int64_t by_len = seq_len / kChunk;
+  InterCursor cur;
+  cur.every = ec;
+  cur.last_b = min(c_end, min(by_len, by_rows));
+  cur.next_b = c_begin == 0 && shift == 0 ? 0 : (c_begin / ec + 1) * ec;
+  cur.row = r.first + cur.next_b / ec - shift;
+  if (r.count <= 0 || cur.next_b > cur.last_b) cur.next_b = -1;
+  return cur;
+}
+
+template <int NW, class Pass, bool kInter>
 __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kernel(const typename Pass::Params p) {
   using L = Layout<NW>;
   extern __shared__ __align__(128) char smem[];
@@ -247,6 +281,20 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
                   c_end - c_begin, use_u0, lane);
       return;  // no block barrier follows
     }
+  }
+  // The consumer warps from here on. The start state is intermediate row 0 when this block
+  // starts the sequence with include_initial.
+  [[maybe_unused]] InterCursor inter{};
+  auto store_inter = [&](int64_t boundary) {
+    if constexpr (kInter) {
+      if (boundary != inter.next_b) return;
+      store_state(p.inter.states, p.inter.is_f32, p.state_k_first, state_offset(inter.row, hv, HV), s, v0, g, t4);
+      inter.advance();
+    }
+  };
+  if constexpr (kInter) {
+    inter = inter_cursor(p.inter, w.n, c_begin, c_end, seq_len);
+    store_inter(0);
   }
   // This thread's piece of v: row v_t of the chunk, 16 bytes at column piece tid % (2 NW).
   const int v_t = tid / (2 * NW);
@@ -447,6 +495,7 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
       if constexpr (!kHasProducer<NW>) load_ahead(c);
       cute::warpgroup_wait<1>();  // the state update is done; O may still run
       fence_regs(s);
+      if constexpr (kInter) store_inter(c + 1);  // s is the state after chunk c; O reads sa, ua
       ring.advance();
     };
 
@@ -489,16 +538,21 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
   Pass::template store_end<NW>(p, w, s, v0, g, t4, warp, lane);
 }
 
-template <int NW, class Pass>
+template <int NW, class Pass, bool kInter = false>
 cudaError_t launch_pass(const typename Pass::Params& p, const KernelLaunch& k, uint64_t context_key,
                         cudaStream_t stream) {
-  return launch_planned<recurrence_kernel<NW, Pass>>(k, context_key, p, stream);
+  return launch_planned<recurrence_kernel<NW, Pass, kInter>>(k, context_key, p, stream);
 }
 
 }  // namespace
 
+// Intermediate states select their own instantiations, so the kernels without them are the
+// same code as before they existed.
 cudaError_t launch_window_pass(const WindowParams& p, int warps, const KernelLaunch& k, uint64_t context_key,
                                cudaStream_t stream) {
+  if (p.inter.states != nullptr)
+    return warps == 4 ? launch_pass<4, WindowPass, true>(p, k, context_key, stream)
+                      : launch_pass<8, WindowPass, true>(p, k, context_key, stream);
   return warps == 4 ? launch_pass<4, WindowPass>(p, k, context_key, stream)
                     : launch_pass<8, WindowPass>(p, k, context_key, stream);
 }
@@ -510,6 +564,7 @@ cudaError_t launch_segment_maps(const SegmentMapsParams& p, const KernelLaunch& 
 
 cudaError_t launch_segment_finish(const SegmentFinishParams& p, const KernelLaunch& k, uint64_t context_key,
                                   cudaStream_t stream) {
+  if (p.inter.states != nullptr) return launch_pass<kSegmentWarps, SegmentFinishPass, true>(p, k, context_key, stream);
   return launch_pass<kSegmentWarps, SegmentFinishPass>(p, k, context_key, stream);
 }
 
