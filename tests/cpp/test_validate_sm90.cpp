@@ -5,7 +5,7 @@
 namespace kda_test {
 namespace {
 
-const char* kSubset = "the Sm90 kernels support K = V = 128 and v-first states";
+const char* kSubset = "the Sm90 kernels support K = V = 128;";
 
 TEST(ValidateSm90, HeadDims) {
   Spec s = sm90_spec();
