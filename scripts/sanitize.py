@@ -51,6 +51,68 @@ def _cases():
     ]
 
 
+def run_variant_cases(torch) -> int:
+    """The other entry points' variants, small: every chunk_kda case of tests/python/chunk_cases.py
+    (gates, GVA, state layouts and dtypes, strided views, flags, varlen, padding) and extreme
+    softplus and pre-computed decays (the re-based Gram forms), with intermediate states; and
+    the decode over a pool with padded slots. Returns the number of wrong results."""
+    import dataclasses
+
+    import flash_kda
+    from chunk_cases import CASES, ChunkCase, make_call, reference, rel_err
+
+    dev = torch.device("cuda")
+    wrong = 0
+
+    def judge(label, errs) -> None:
+        nonlocal wrong
+        ok = all(e <= 1e-2 for e in errs)  # NaN compares False
+        wrong += not ok
+        print(f"sanitize: {label}: {'ok' if ok else 'WRONG'} rel. errors " + ", ".join(f"{e:.2e}" for e in errs),
+              flush=True)
+
+    extreme = [ChunkCase("san_softplus_A16_large_g", gate="softplus", seqlen=40, batch=1),
+               ChunkCase("san_pre_gated_unbounded", gate="none", seqlen=40, batch=1)]
+    for case in [dataclasses.replace(c, seqlen=min(c.seqlen, 40)) for c in CASES] + extreme:
+        args, kw, real = make_call(case, dev)
+        if case.name == "san_softplus_A16_large_g":
+            kw["A_log"] = torch.full_like(kw["A_log"], 2.772588722239781)  # log 16
+            args = (*args[:3], args[3] * 8 + 8, *args[4:])  # softplus(g + dt_bias) of up to ~50 a token
+        if case.name == "san_pre_gated_unbounded":
+            args = (*args[:3], -(args[3].float().abs() * 200), *args[4:])  # log decays down to ~-1e3 a token
+        with torch.inference_mode():
+            out, final = flash_kda.chunk_kda(*args, **kw)
+        torch.cuda.synchronize()
+        ref_o, ref_s = reference(args, kw, real)
+        judge(f"chunk_kda {case.name}", [rel_err(out, ref_o)] + ([rel_err(final, ref_s)] if final is not None else []))
+    # Intermediate states: fla's form (before every 64-token chunk) on a varlen batch.
+    case = ChunkCase("san_intermediate", lens=(70, 0, 1, 40))
+    args, kw, real = make_call(case, dev)
+    with torch.inference_mode():
+        out, final, h = flash_kda.chunk_kda(*args, **kw, return_intermediate_states=True)
+    torch.cuda.synchronize()
+    ok = bool(torch.isfinite(h.float()).all())
+    wrong += not ok
+    print(f"sanitize: chunk_kda intermediate states: {'ok' if ok else 'WRONG'} (finite, {tuple(h.shape)})", flush=True)
+    # The decode over a pool: [N] slots with a padded (-1) entry.
+    n, heads, slots = 5, 2, 7
+    g = torch.Generator(device=dev).manual_seed(5)
+    r = lambda *shape: torch.randn(*shape, generator=g, device=dev).bfloat16()
+    pool = torch.randn(slots, heads, 128, 128, generator=g, device=dev)
+    idx = torch.tensor([3, -1, 0, 6, 2], dtype=torch.int32, device=dev)
+    o, _ = flash_kda.fused_recurrent_kda_fwd(
+        q=r(n, 1, heads, 128), k=r(n, 1, heads, 128), v=r(n, 1, heads, 128), g=r(n, 1, heads, 128),
+        beta=r(n, 1, heads), A_log=torch.rand(heads, device=dev), dt_bias=torch.rand(heads * 128, device=dev),
+        initial_state=pool, inplace_final_state=True, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)
+    torch.cuda.synchronize()
+    ok = bool(torch.isfinite(o.float()).all()) and bool((o[1] == 0).all())
+    wrong += not ok
+    print(f"sanitize: decode over a pool with a padded slot: {'ok' if ok else 'WRONG'} (finite, padded row zero)",
+          flush=True)
+    return wrong
+
+
 def run_cases() -> int:
     """The sanitized process: every case once, plus in-place state updates; 1 on a wrong result."""
     from fwd_cases import Case, call_fwd, make_inputs, new_outputs, reference_errors, sm90_skip_reason
@@ -101,6 +163,7 @@ def run_cases() -> int:
         call_fwd(x, out, final_state, launch_options=options)
         torch.cuda.synchronize()
         judge(case.name, x, out, final_state)
+    failures += run_variant_cases(torch)
     # cu_seqlens values past the end (clamped on the device: no fault, results not checked).
     x = make_inputs(Case("san_bad_cu_seqlens_fp32", heads=2, seq_lens=(20, 30, 10), state="fp32"))
     x.cu_seqlens = torch.tensor([0, 20, 1 << 40, 3], dtype=torch.int64, device=x.v.device)

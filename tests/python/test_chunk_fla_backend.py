@@ -6,6 +6,7 @@ side (fla's own chunk_kda dispatching here) is in test_chunk_fla_dispatch.py."""
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import subprocess
 import sys
 import types
@@ -177,10 +178,12 @@ def test_replaces_the_builtin_backend_whichever_is_imported_first(tmp_path, orde
         "import fla.backends as b, fla.ops.kda.chunk as c",
         "print(f.status)",
         "print({t: type(x).__name__ for t, x in b.registries[c.chunk_kda.__wrapped__].items()})",
-        # No sm_90 GPU here: the verifier declines and fla's own function answers.
+        # No visible GPU: the verifier declines and fla's own function answers.
         "print(c.chunk_kda(1, 2, 3, 4, 5))",
     ])
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    # No GPU for the child, so that the verifier declines on a GPU machine too.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     if order == "flash_kda_first":
