@@ -66,10 +66,13 @@ def make_call(case: ChunkCase, dev, seed: int | None = None):
 
     widths = [H * Kd, H * Kd, HV * V, HV * Kd, HV]
     if case.strided:
-        # One fused projection [B, T, sum(widths)] split into views: rows of q are
-        # sum(widths) elements apart, not H * K.
-        fused = randn(B, T, sum(widths)).bfloat16().to(dev)
-        parts = torch.split(fused, widths, dim=-1)
+        # One fused projection [B, T, sum(widths) + pad] split into views: rows of q are
+        # sum(widths) + pad elements apart, not H * K; the pad (unused columns, as a projection
+        # sized for alignment has) keeps every row start 16-byte aligned, which the Sm90
+        # kernels require (an unaligned one is refused with a named error).
+        pad = -sum(widths) % 8
+        fused = randn(B, T, sum(widths) + pad).bfloat16().to(dev)
+        parts = torch.split(fused, widths + [pad], dim=-1)
         q, k = (p.unflatten(-1, (H, Kd)) for p in parts[:2])
         v = parts[2].unflatten(-1, (HV, V))
         g = parts[3].unflatten(-1, (HV, Kd))
