@@ -34,8 +34,11 @@ def _readme_table() -> dict[str, list[str]]:
 def test_readme_benchmark_table_is_the_record():
     record = json.loads(RECORD.read_text())
     table = _readme_table()
-    cases = record["cases"]
+    # The README's table is FlashKDA's configuration (the safe gate); the record's other cases
+    # (the softplus gate) are in BENCHMARK_H200.md only.
+    cases = [c for c in record["cases"] if c["case"].get("gate", "safe") == "safe"]
     assert len(cases) == 13
+    assert {c["case"].get("gate", "safe") for c in record["cases"]} == {"safe", "softplus"}
     for c in cases:
         t = c["times"]
         expected = [_ms(t["flash_kda"]["eager"]["median"]), _ms(t["flash_kda"]["graph"]["median"]),
