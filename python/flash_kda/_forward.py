@@ -102,6 +102,7 @@ def fwd(
     cu_seqlens_cpu: torch.Tensor | None = None,
     check_cu_seqlens: bool = False,
     launch_options: LaunchOptions | None = None,
+    ssm_state_indices: torch.Tensor | None = None,
     intermediate_states: torch.Tensor | None = None,
     intermediate_offsets: torch.Tensor | None = None,
     intermediate_every: int = 0,
@@ -144,6 +145,15 @@ def fwd(
             above. The environment variable FLASH_KDA_CHECK_CU_SEQLENS=1, read at import,
             turns it on for every call (e.g. calls made by fla).
         launch_options: a :class:`LaunchOptions`, or None for the plan's choices.
+        ssm_state_indices: optional int32/int64 [N] on the GPU: prefill on a state pool.
+            initial_state and final_state are then pools [P, HV, V, K] (either may be absent,
+            and final_state may be initial_state itself); sequence n starts from slot
+            ``ssm_state_indices[n]`` and writes its final state back there, so a serving stack
+            needs no gather or scatter copies. A negative entry marks a padded sequence: no slot
+            is read or written and its out rows are zeros. Entries >= P are treated like
+            negative ones on the GPU (their values are not checked on the host: that would need
+            a sync); two sequences sharing a slot race (unspecified result). The meaning of
+            fla's fused_recurrent_kda_fwd ssm_state_indices ([N] form).
         intermediate_states: optional bf16 or fp32 [S, HV, V, K] (v-first, contiguous), written:
             the states inside each sequence every ``intermediate_every`` tokens (prefix
             caching). Sequence n's states are rows ``intermediate_offsets[n] ..
@@ -186,6 +196,9 @@ def fwd(
             raise ImportError("flash_kda.fwd needs PyTorch with CUDA and an sm_90 GPU; "
                               "without them only flash_kda.reference is available") from e
     if _traced_fwd is not None and torch.compiler.is_compiling():
+        if ssm_state_indices is not None:
+            raise _error("ssm_state_indices", "is not traced by torch.compile yet (the flash_kda::forward op has "
+                         "no state pool); call fwd outside the compiled region")
         if intermediate_states is not None or intermediate_offsets is not None:
             raise _error("intermediate_states", "is not traced by torch.compile yet (the flash_kda::forward op has "
                          "no intermediate states); call fwd outside the compiled region")
@@ -232,7 +245,7 @@ def fwd(
                      f"expected a bool, got {type(intermediate_include_initial).__name__}")
     spacing = dict(intermediate_every=int(intermediate_every), intermediate_include_initial=intermediate_include_initial)
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state, cu_seqlens_cpu,
-               None,  # ssm_state_indices: the C++ API's state pool, not part of FlashKDA's fwd
+               ssm_state_indices,
                intermediate_states, intermediate_offsets)
     raw = _raw_descriptions(tensors, torch)
     if raw is not None:

@@ -77,3 +77,46 @@ def test_bf16_initial_fp32_final(path):
     _fwd(x, x.q, x.k, x.v, x.g, x.beta, out, final_state, PATHS[path])
     torch.cuda.synchronize()
     check_against_reference(x, out, final_state, bound=1e-2)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_prefill_on_a_state_pool(path):
+    """fwd(ssm_state_indices=...): each sequence starts from its pool slot and writes its final
+    state back there, in place; bit for bit the call on the gathered states; a padded (-1)
+    sequence reads and writes no slot and gets zero out rows; the other slots stay as they were."""
+    import torch
+
+    import flash_kda
+
+    case = Case("pool_prefill_varlen_fp32", heads=2, seq_lens=(40, 70, 0, 33), state="fp32")
+    x = make_inputs(case)
+    dev = x.v.device
+    P = 6
+    pool = torch.randn(P, case.hv, 128, 128, device=dev, dtype=torch.float32)
+    idx = torch.tensor([4, -1, 0, 2], dtype=torch.int32, device=dev)
+    valid = [n for n in range(4) if int(idx[n]) >= 0]
+    # The same call on gathered start states (slot of each sequence; zeros for the padded one).
+    gathered = torch.zeros(4, case.hv, 128, 128, device=dev, dtype=torch.float32)
+    for n in valid:
+        gathered[n] = pool[int(idx[n])]
+    out_ref, final_ref = new_outputs(x)
+    flash_kda.fwd(x.q, x.k, x.v, x.g, x.beta, x.scale, out_ref, x.A_log, x.dt_bias, x.lower_bound,
+                  initial_state=gathered, final_state=final_ref, cu_seqlens=x.cu_seqlens, launch_options=PATHS[path])
+
+    work = pool.clone()
+    out, _ = new_outputs(x)
+    flash_kda.fwd(x.q, x.k, x.v, x.g, x.beta, x.scale, out, x.A_log, x.dt_bias, x.lower_bound,
+                  initial_state=work, final_state=work, cu_seqlens=x.cu_seqlens, launch_options=PATHS[path],
+                  ssm_state_indices=idx)
+    torch.cuda.synchronize()
+
+    cu = x.cu_seqlens.tolist()
+    for n in range(4):
+        rows = slice(cu[n], cu[n + 1])
+        if n in valid:
+            assert torch.equal(out[:, rows], out_ref[:, rows]), f"sequence {n}: out differs from the gathered call"
+            assert torch.equal(work[int(idx[n])], final_ref[n]), f"sequence {n}: its slot is not its final state"
+        else:
+            assert (out[:, rows] == 0).all(), "the padded sequence's out rows are not zero"
+    untouched = [s for s in range(P) if s not in {int(idx[n]) for n in valid}]
+    assert torch.equal(work[untouched], pool[untouched]), "a slot no sequence owns was written"

@@ -284,6 +284,6 @@ def test_every_table_tensor_is_a_parameter():
 
     names = _core.forward_tensors
     assert names[:6] == ("q", "k", "v", "g", "beta", "out")
-    # ssm_state_indices (the C++ API's state pool) is not in FlashKDA's fwd: fwd passes None.
     assert names[-3:] == ("ssm_state_indices", "intermediate_states", "intermediate_offsets")
-    assert set(names) - {"ssm_state_indices"} <= set(inspect.signature(flash_kda.fwd).parameters)
+    assert set(names) <= set(inspect.signature(flash_kda.fwd).parameters)
+    assert inspect.signature(flash_kda.fwd).parameters["ssm_state_indices"].kind is inspect.Parameter.KEYWORD_ONLY
