@@ -253,6 +253,8 @@ def chunk_kda(
             sum over m < n of ceil(len_m / 64) (fla's chunk_offsets); entry 0 of a sequence is
             its initial state. Needs the sequence lengths on the host: cu_seqlens_cpu when
             given, else one device-to-host copy of cu_seqlens (a synchronisation, as fla makes).
+            fla also asserts torch.inference_mode() and disable_recompute=False for it; this
+            function serves it under any no-grad mode and either disable_recompute.
         state_v_first: the states' layout ([.., V, K] when True, [.., K, V] when False).
         cu_seqlens: optional int64/int32 [N + 1] on the GPU, cumulative sequence starts
             (cu[0] = 0, non-decreasing, cu[N] = T); values not checked on the GPU (no sync).

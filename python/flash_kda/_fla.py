@@ -125,6 +125,12 @@ def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, 
             return _reject("ssm_state_indices needs inplace_final_state=True")
         if ssm_state_indices.ndim == 2 and cu_seqlens is not None:
             return _reject("[N, T] ssm_state_indices with cu_seqlens")
+        if ssm_state_indices.ndim == 1 and cu_seqlens is None and q.shape[1] > 1:
+            # flash_kda writes only the last token's state to the sequence's slot, where fla's
+            # kernel indexes the pool per token: a fixed-length batch of several tokens with [N]
+            # slots is left to fla. (A varlen batch's lengths are unknown without a sync; its
+            # usual decode form, one token a sequence, means the same on both.)
+            return _reject("[N] ssm_state_indices with T > 1 tokens a sequence (fla's own pool indexing)")
     if num_accepted_tokens is not None and (ssm_state_indices is None or ssm_state_indices.ndim != 2):
         return _reject("num_accepted_tokens needs [N, T] ssm_state_indices")
     if use_gate_in_kernel and lower_bound is None and A_log is None:

@@ -67,11 +67,19 @@ def _forward_fake(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_sta
     return None
 
 
+def _same_view(a, b) -> bool:
+    """True when tensors a and b are two view objects of the same elements (what the C++ call
+    accepts as an in-place update): the op must then see one mutated tensor, not an unmutated
+    input aliasing a mutated one."""
+    return (b is not None and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride())
+
+
 def _call_forward_op(named: dict, settings: tuple, options) -> None:
     """forward_op on the call's tensors by name (absent ones missing), with an exact in-place
     state update (final_state is initial_state) passed as final_state alone."""
     initial_state, final_state = named.get("initial_state"), named.get("final_state")
-    inplace = final_state is not None and final_state is initial_state
+    inplace = final_state is not None and (final_state is initial_state or _same_view(final_state, initial_state))
     forward_op(named["q"], named["k"], named["v"], named["g"], named["beta"], named["out"], named.get("A_log"),
                named.get("dt_bias"), named.get("cu_seqlens"), None if inplace else initial_state, final_state,
                named.get("cu_seqlens_cpu"), *settings, inplace, None if options is None else list(options))

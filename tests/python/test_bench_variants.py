@@ -39,6 +39,7 @@ def test_equal_state_dtypes_are_not_a_variant():
     ["--state", "bf16", "--state-dtypes", "bf16,fp32"],
     ["--decode", "--gate", "softplus"], ["--decode", "--strided"],
     ["--layer", "--gate", "softplus"],
+    ["--state-dtypes", "fp32,bf16"], ["--gate", "softplus", "--state", "bf16"], ["--strided", "--state", "bf16"],
 ])
 def test_bad_variant_flags_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:

@@ -190,6 +190,7 @@ def test_verifier_accepts_a_serving_decode_step(gpu_build):
     (dict(q=T(4, 1, 2, 64), k=T(4, 1, 2, 64), g=T(4, 1, 2, 64)), "K = V = 128"),
     (dict(v=T(4, 1, 2, 256)), "K = V = 128"),
     (dict(T_=17), "at most 16 tokens"),
+    (dict(T_=2), "[N] ssm_state_indices with T > 1"),
     (dict(beta=T(4, 1, 2, 128)), "headwise beta"),
     (dict(q=T(4, 1, 2, 128, dtype="torch.float16")), "q must be bf16 or fp32"),
     (dict(initial_state=T(8, 2, 128, 128, dtype="torch.float64")), "initial_state must be bf16 or fp32"),

@@ -211,6 +211,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             base = cases_mod.standard_suite(state)
     except ValueError as e:
         parser.error(str(e))
+    out_dtype = state_out or state
+    if out_dtype == "bf16" and (args.gate != ["safe"] or args.state_layout != "v_first" or args.strided
+                                or (state_out is not None and state_out != state)):
+        parser.error("a bf16 final state is FlashKDA's configuration only (the other variants run "
+                     "flash_kda.chunk_kda, whose final state is fp32 as fla's): use --state fp32 or "
+                     "--state-dtypes bf16,fp32")
     args.cases = [dataclasses.replace(c, gate=gate, state_layout=args.state_layout,
                                       state_out=state_out if state_out != state else None, strided=args.strided)
                   for gate in args.gate for c in base]
