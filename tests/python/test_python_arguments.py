@@ -273,6 +273,7 @@ def test_fwd_keeps_flashkda_signature():
                           ("cu_seqlens", None)]
     keyword_only = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
     assert keyword_only == {"cu_seqlens_cpu": None, "check_cu_seqlens": False, "launch_options": None,
+                            "ssm_state_indices": None,
                             "intermediate_states": None, "intermediate_offsets": None, "intermediate_every": 0,
                             "intermediate_include_initial": True}
 
