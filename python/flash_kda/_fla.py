@@ -161,13 +161,19 @@ def decode_call(*args, **kwargs):
 
 def _fla_triton_function():
     """fla's undecorated fused_recurrent_kda_fwd (behind its dispatch wrapper), or None."""
+    return fla_function("fla.ops.kda.fused_recurrent", "fused_recurrent_kda_fwd")
+
+
+def fla_function(module: str, name: str):
+    """fla's function `name` of `module` behind its dispatch wrapper (fla's own Triton path, no
+    backend lookup), or None when it cannot be imported (the caller then re-raises its error)."""
+    import importlib
     import inspect
 
     try:
-        from fla.ops.kda import fused_recurrent
-    except Exception:  # noqa: BLE001 - no fallback then; the caller re-raises our error
+        return inspect.unwrap(getattr(importlib.import_module(module), name))
+    except Exception:  # noqa: BLE001 - no fallback then
         return None
-    return inspect.unwrap(fused_recurrent.fused_recurrent_kda_fwd)
 
 
 def _fla_version() -> str | None:
@@ -178,6 +184,35 @@ def _fla_version() -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def installed_fla_problem() -> str | None:
+    """Why no backend can wait for fla's import ("not registered: ..."), from the installed
+    distribution alone (fla is not imported): fla absent, or a version other than 0.6.x; None
+    when the backend may register once fla is imported."""
+    import importlib.util
+    import sys
+
+    if sys.modules.get("fla", False) is None or importlib.util.find_spec("fla") is None:
+        return "not registered: fla is not installed"
+    return version_problem(_fla_version(), unknown_ok=True)
+
+
+def imported_fla_problem() -> str | None:
+    """installed_fla_problem's check on the imported fla (its __version__), None when 0.6.x."""
+    import sys
+
+    version = getattr(sys.modules.get("fla"), "__version__", None)
+    if version is None:
+        return "not registered: the importable fla has no version (not flash-linear-attention's package?)"
+    return version_problem(str(version))
+
+
+def version_problem(version: str | None, unknown_ok: bool = False) -> str | None:
+    """"not registered: ..." for an fla version the backends do not follow, else None."""
+    if (version is None and unknown_ok) or (version is not None and version.startswith(SUPPORTED_FLA)):
+        return None
+    return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
 
 
 def register() -> str:
@@ -198,29 +233,20 @@ def register() -> str:
 
 
 def _register() -> str:
-    import importlib.util
     import sys
 
     if sys.modules.get("fla.backends") is not None:
         return _register_with(sys.modules["fla.backends"])
-    if sys.modules.get("fla", False) is None or importlib.util.find_spec("fla") is None:
-        return "not registered: fla is not installed"
-    version = _fla_version()
-    if version is not None and not version.startswith(SUPPORTED_FLA):
-        return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
+    if (problem := installed_fla_problem()) is not None:
+        return problem
     after_import("fla.backends", _after_import)
     return "pending: registers when fla.backends is imported"
 
 
 def _register_with(backends) -> str:
     """Register on the imported fla.backends module, after checking fla's version."""
-    import sys
-
-    version = getattr(sys.modules.get("fla"), "__version__", None)
-    if version is None:
-        return "not registered: the importable fla has no version (not flash-linear-attention's package?)"
-    if not str(version).startswith(SUPPORTED_FLA):
-        return f"not registered: fla {version} is installed, the backend follows fla {SUPPORTED_FLA}x"
+    if (problem := imported_fla_problem()) is not None:
+        return problem
     backends.register(OPERATION)(_backend_class(backends.BaseBackend))
     return "registered"
 

@@ -107,13 +107,7 @@ def chunk_call(*args, **kwargs):
 
 def _fla_triton_function():
     """fla's chunk_kda behind its dispatch wrapper (no backend lookup: Triton), or None."""
-    import inspect
-
-    try:
-        from fla.ops.kda import chunk
-    except Exception:  # noqa: BLE001 - no fallback then; the caller re-raises our error
-        return None
-    return inspect.unwrap(chunk.chunk_kda)
+    return _fla.fla_function("fla.ops.kda.chunk", "chunk_kda")
 
 
 def register() -> str:
@@ -139,8 +133,6 @@ def _initializing(module) -> bool:
 
 
 def _register() -> str:
-    import importlib.util
-
     kda = sys.modules.get("fla.ops.kda")
     if kda is not None:
         if not _initializing(kda):
@@ -152,11 +144,8 @@ def _register() -> str:
             _fla.after_import("fla.ops.kda.backends.flash_kda", _after_import)
             return "pending: registers when fla's built-in FlashKDA backend is imported"
         return "not registered: imported while fla's built-in FlashKDA backend was being imported"
-    if sys.modules.get("fla", False) is None or importlib.util.find_spec("fla") is None:
-        return "not registered: fla is not installed"
-    version = _fla._fla_version()
-    if version is not None and not version.startswith(_fla.SUPPORTED_FLA):
-        return f"not registered: fla {version} is installed, the backend follows fla {_fla.SUPPORTED_FLA}x"
+    if (problem := _fla.installed_fla_problem()) is not None:
+        return problem
     _fla.after_import("fla.ops.kda", _after_import)
     return "pending: registers when fla.ops.kda is imported"
 
@@ -173,11 +162,8 @@ def _after_import(module) -> None:
 def _register_with_fla() -> str:
     """Register on the imported fla.backends for fla.ops.kda.chunk.chunk_kda, after checking
     fla's version."""
-    version = getattr(sys.modules.get("fla"), "__version__", None)
-    if version is None:
-        return "not registered: the importable fla has no version (not flash-linear-attention's package?)"
-    if not str(version).startswith(_fla.SUPPORTED_FLA):
-        return f"not registered: fla {version} is installed, the backend follows fla {_fla.SUPPORTED_FLA}x"
+    if (problem := _fla.imported_fla_problem()) is not None:
+        return problem
     backends = sys.modules.get("fla.backends")
     chunk = sys.modules.get("fla.ops.kda.chunk")
     if backends is None or chunk is None or not hasattr(chunk, "chunk_kda"):

@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 
 from . import check
+from .decode import GRAPH_CALLS
 
 COLUMNS = [
     "case", "T total", "H", "seqs", "flash_kda ms", "x floor", "flash_kda graph ms",
@@ -490,7 +491,7 @@ def format_decode_table(results: dict) -> str:
 #: How to read the decode table.
 DECODE_NOTE = ("decode: N sequences of T tokens over a pool ([N] slot indices for T = 1, [N, T] for T > 1), "
                "K = V = 128, bf16 inputs, safe gate; times are medians (us); graph = per call in a CUDA graph of "
-               "20 back-to-back calls (a captured decode step; one call alone would time the graph launch); "
+               f"{GRAPH_CALLS} back-to-back calls (a captured decode step; one call alone would time the graph launch); "
                "host us = wall-clock per eager call "
                "over many calls without synchronising (Python + binding + launch: a graph time near it is "
                "host-bound, not the kernel's); floor = state read + writes + "

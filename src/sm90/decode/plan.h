@@ -25,8 +25,8 @@ inline constexpr int kDecodeVarlenGroup = 4;
 inline constexpr int kDecodeMaxTokens = 16;
 /// 4-warp blocks per SM the kernel's registers are built for (__launch_bounds__(128, n)):
 /// v-first's 32 distinct keys per lane take more registers than k-first's (~150 against ~128),
-/// so 3 for v-first and 4 for k-first. With the state copies in shared memory this no longer
-/// bounds the state bytes in flight (3 blocks keep 48 KB of reads in flight per SM).
+/// so 3 for v-first and 4 for k-first. The state bytes in flight do not depend on it: the state
+/// copies wait in shared memory (3 blocks keep 48 KB of reads in flight per SM).
 constexpr int decode_min_blocks(StateLayout layout) { return layout == StateLayout::VFirst ? 3 : 4; }
 /// Registers per lane those launch bounds allow (65536 per SM, allocated in units of 8 per lane).
 constexpr int decode_max_regs(StateLayout layout) { return (65536 / (128 * decode_min_blocks(layout))) & ~7; }
