@@ -10,6 +10,7 @@ fails here, which is what the kernels' branches are measured by.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from chunk_cases import CASES, ChunkCase, make_call, reference, rel_err
@@ -148,3 +149,32 @@ def test_torch_compile_fwd_fullgraph_equals_eager(cuda_sm90):
     torch.cuda.synchronize(cuda_sm90)
     assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
     assert torch.equal(out_inplace, eager[0]) and torch.equal(h, eager[1])
+
+
+@pytest.mark.parametrize("gate", ["none", "softplus"])
+def test_a_nan_gate_gives_nan_where_the_reference_does(cuda_sm90, gate):
+    """A NaN in the log decay (pre-computed g) or in the gate input (softplus) of one token,
+    channel and value head of sequence 0 makes that (sequence, head)'s final state NaN, as the
+    fp64 reference's and fla's: it must not turn into the decay floor (a state reset) or leak
+    into the other head or sequence, which stay within the bound of the reference."""
+    import torch
+
+    import flash_kda
+
+    case = ChunkCase(f"nan_{gate}", gate=gate, heads=2, lens=(70, 50))
+    args, kw, _ = make_call(case, cuda_sm90)
+    q, k, v, g, beta = args
+    g = g.clone()
+    g[0, 33, 1, 5] = float("nan")  # sequence 0, token 33, value head 1, channel 5
+    args = (q, k, v, g, beta)
+    with torch.inference_mode():
+        out, final = flash_kda.chunk_kda(*args, **kw)
+    torch.cuda.synchronize(cuda_sm90)
+    ref_o, ref_s = reference(args, kw)
+    assert np.isnan(ref_s[0, 1]).any(), "the reference itself should carry the NaN"
+    assert torch.isnan(final[0, 1]).any(), "a NaN gate must leave a NaN state, as the reference does"
+    assert torch.isfinite(final[0, 0]).all() and torch.isfinite(final[1]).all()
+    assert rel_err(final[1], ref_s[1]) <= BOUND and rel_err(final[0, 0], ref_s[0, 0]) <= BOUND
+    # Chunks of sequence 0 before token 33's 16-token chunk, and all of sequence 1, are untouched.
+    assert torch.isfinite(out[0, :32]).all() and torch.isfinite(out[0, 70:]).all()
+    assert rel_err(out[0, 70:], ref_o[0, 70:]) <= BOUND

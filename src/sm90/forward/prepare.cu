@@ -442,8 +442,9 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
       const float a = kGate == GateMode::Softplus ? math::softplus_gate_log2_biased(x, x0, neg_rate, fm)
                                                   : math::pre_gate_log2(x);
       // A decay below 2^-2^100 a token is 0 in fp32 either way; the floor keeps the sums of 16
-      // of them (and a = -inf from g log2(e) near -FLT_MAX) finite.
-      return fmaxf(a, -kDecayFloor2);
+      // of them (and a = -inf from g log2(e) near -FLT_MAX) finite. A comparison, not fmaxf:
+      // a NaN gate stays NaN (as in the fp64 reference and fla) instead of becoming the floor.
+      return a < -kDecayFloor2 ? -kDecayFloor2 : a;
     }
   };
   // graw: group j's transposed ldmatrix of g's tile, token halves ks = 0, 1 (bf16 g; unused for fp32 g).

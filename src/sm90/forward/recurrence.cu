@@ -445,8 +445,13 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
         mma_n16<gmma::ScaleIn::Neg>(xu, sa[cur][kk], desc.tile(kRecW, kHeadDim, kk));
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();  // this batch, and the previous chunk's O before it
-      // The previous chunk's O was the last reader of its buffer: this warp releases it.
-      if (c > c_begin && lane == 0) cuda::ptx::mbarrier_arrive(empty + (ring.buf == 0 ? kStages - 1 : ring.buf - 1));
+      // The previous chunk's O was the last reader of its buffer: this warp releases it. Lane 0
+      // arrives for the warp, so __syncwarp first orders every lane's reads of the buffer (gC,
+      // v) before that arrival, which the producer's refill waits on.
+      if (c > c_begin) {
+        __syncwarp();
+        if (lane == 0) cuda::ptx::mbarrier_arrive(empty + (ring.buf == 0 ? kStages - 1 : ring.buf - 1));
+      }
       fence_regs(xu);
       fence_regs(va);
       if constexpr (kOut) {
