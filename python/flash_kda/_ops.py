@@ -70,9 +70,12 @@ def _forward_fake(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_sta
 def _same_view(a, b) -> bool:
     """True when tensors a and b are two view objects of the same elements (what the C++ call
     accepts as an in-place update): the op must then see one mutated tensor, not an unmutated
-    input aliasing a mutated one."""
-    return (b is not None and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
-            and a.stride() == b.stride())
+    input aliasing a mutated one. While torch.compile traces, data pointers cannot be compared
+    (dynamo refuses it: a graph break), so there only the same tensor object counts as in place
+    (final_state=initial_state), which is how an in-place call is written."""
+    if b is None or torch.compiler.is_compiling():
+        return False
+    return a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
 
 
 def _call_forward_op(named: dict, settings: tuple, options) -> None:
