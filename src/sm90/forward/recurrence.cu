@@ -446,11 +446,6 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
         mma_n16<gmma::ScaleIn::Neg>(xu, sa[cur][kk], desc.tile(kRecW, kHeadDim, kk));
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();  // this batch, and the previous chunk's O before it
-      // The previous chunk's O was the last reader of its buffer: this warp releases it. Every
-      // lane arrives for its own reads (gC, v), so each read is ordered before the refill by
-      // the barrier itself (one arrival a warp would lean on the warp's convergence, which
-      // compute-sanitizer's racecheck does not model).
-      if (c > c_begin) cuda::ptx::mbarrier_arrive(empty + (ring.buf == 0 ? kStages - 1 : ring.buf - 1));
       fence_regs(xu);
       fence_regs(va);
       if constexpr (kOut) {
@@ -485,6 +480,13 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
       cute::warpgroup_arrive();
       mma_n128(s, ua[cur][0], desc.tile(kRecKr, kChunk, 0));
       cute::warpgroup_commit_batch();
+      // The previous chunk's buffer: its last reader, that chunk's O, completed at front(c)'s
+      // wait, so this warp releases it, here where the arrivals overlap the state update's
+      // product instead of lengthening the chain between the two. Every lane arrives for its
+      // own reads (gC, v), so each read is ordered before the refill by the barrier itself
+      // (one arrival a warp would lean on the warp's convergence, which compute-sanitizer's
+      // racecheck does not model).
+      if (c > c_begin) cuda::ptx::mbarrier_arrive(empty + (ring.buf == 0 ? kStages - 1 : ring.buf - 1));
       if constexpr (kOut) {
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) mma_n16(o[cur], sa[cur][kk], desc.tile(kRecQd, kHeadDim, kk));
