@@ -65,8 +65,10 @@ def _times(median):
     return {"median": median, "min": median, "max": median, "n": 3}
 
 
-def _result(case, ours, fla=None):
+def _result(case, ours, fla=None, graph=None):
     times = {"flash_kda": {"eager": _times(ours)}}
+    if graph is not None:
+        times["flash_kda"]["graph"] = _times(graph)
     if fla is not None:
         times["fla"] = {"eager": _times(fla)}
     chk = {"heads": "all", "out_err": 2e-3, "state_err": 1e-3, "bound": 1e-2, "fla_ratio_bound": 1.5}
@@ -88,11 +90,25 @@ def test_sections_per_variant_with_the_cost_of_the_gate():
     assert "== safe gate, v-first states ==" in text and "== softplus gate, v-first states ==" in text
     assert text.index("== safe gate") < text.index("== softplus gate")
     # 0.011 / 0.010 and 0.125 / 0.100: the worst is h96_fixed_512 at 1.25x.
-    assert ("softplus gate, v-first states: flash_kda eager time / safe-gate v-first time: max 1.25x "
+    assert ("softplus gate, v-first states: flash_kda time / safe-gate v-first time: eager max 1.25x "
             "(h96_fixed_512)") in text
     assert f"geomean {((0.011 / 0.010) * (0.125 / 0.100)) ** 0.5:.2f}x over 2 case(s)" in text
+    assert "graph max" not in text  # no case was graph-timed
     # The softplus section's own means: flash_kda and fla over both cases.
     assert f"fla / flash_kda {((0.08 * 0.60) ** 0.5) / ((0.011 * 0.125) ** 0.5):.2f}x" in text
+
+
+def test_cost_line_gives_the_graph_ratio_beside_the_eager_one():
+    a, b = Case("h4_fixed_1024", 4, T=1024), Case("h96_fixed_512", 96, T=512)
+    soft = [Case(c.name, c.heads, T=c.T, gate="softplus") for c in (a, b)]
+    # Eager: chunk_kda's host time doubles the small case; graph: the kernels cost 5% and 10% more.
+    cases = [_result(a, 0.040, graph=0.038), _result(b, 0.060, graph=0.059),
+             _result(soft[0], 0.080, graph=0.038 * 1.05), _result(soft[1], 0.066, graph=0.059 * 1.10)]
+    r = {"meta": {}, "copy_bandwidth": BW, "anchor_source": "test", "settings": {}, "cases": cases}
+    (line,) = report.variant_cost_lines(r)
+    assert line.startswith("softplus gate, v-first states: flash_kda time / safe-gate v-first time: "
+                           "eager max 2.00x (h4_fixed_1024)")
+    assert "; graph max 1.10x (h96_fixed_512), geomean " + f"{(1.05 * 1.10) ** 0.5:.2f}x over 2 case(s)" in line
 
 
 def test_markdown_sections_and_readme_table_keeps_flashkda_configuration():
