@@ -6,9 +6,11 @@
 // state reads in flight (~32 KB at 4.25 TB/s and ~1 us of loaded latency). Here a block's first
 // instructions resolve its slot index and then issue every 16-byte load of its slice at once,
 // global -> registers; the token inputs are staged in shared memory (normalised, gated) while
-// those loads are in flight. At <= 64 registers a lane 8 blocks of 128 threads share an SM:
-// 128 KB of fp32 state reads (64 KB bf16) in flight, and the state never goes through shared
-// memory. Per token (fp32 math): S <- diag(exp(a)) S; u = b (v - S^T k); S += k u^T;
+// those loads are in flight. At <= 128 registers a lane 4 blocks of 128 threads share an SM:
+// 64 KB of fp32 state reads (32 KB bf16) in flight, and the state never goes through shared
+// memory. (Registers: ptxas takes ~115-140 a lane unbounded and spills at 80 or 102; the
+// staging of the first group runs while the 32 registers of raw state vectors are in flight,
+// later groups and the token loop hold the 32 fp32 state values.) Per token (fp32 math): S <- diag(exp(a)) S; u = b (v - S^T k); S += k u^T;
 // o = S^T q, evaluated as o = S_dec^T q + (k . q) u so that both reductions run over the
 // decayed state in one pass.
 // - v-first [V, K] (row = value index, 128 keys contiguous): a warp owns 8 value rows; a lane
@@ -205,12 +207,8 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks) direct_kernel(const Dec
     }
 
     const int h = hv / p.group;
-#pragma unroll 1
-    for (int64_t g0 = 0; g0 < len; g0 += tg) {
-      const int cnt = int(len - g0 < tg ? len - g0 : tg);
-      if (g0 > 0) __syncthreads();  // the previous group's staging is no longer read
-
-      // Staging: warp tt finishes token tt (lane: channels 4 lane .. + 3).
+    // Staging of tokens g0 .. g0 + cnt - 1: warp tt finishes token tt (lane: channels 4 lane .. + 3).
+    auto stage = [&](int64_t g0, int cnt) {
       if (warp < cnt) {
         float bias[4] = {0.f, 0.f, 0.f, 0.f};
         math::SafeGateLog2<float> safe{};
@@ -287,9 +285,9 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks) direct_kernel(const Dec
           }
         }
       }
-      if (g0 == 0) unpack();  // the state loads are first waited for here
-      __syncthreads();
-
+    };
+    // The recurrence over the staged tokens g0 .. g0 + cnt - 1: out rows and the kept states.
+    auto run = [&](int64_t g0, int cnt) {
 #pragma unroll 1
       for (int tt = 0; tt < cnt; ++tt) {
         const float b = st.b[tt], kq = st.kq[tt];
@@ -301,8 +299,11 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks) direct_kernel(const Dec
           load_row<E>(dv, st.d + tt * kD + kb);
           load_row<E>(kv, st.k + tt * kD + kb);
           load_row<E>(qv, st.q + tt * kD + kb);
-          // S <- diag(exp(a)) S; the lane's parts of S^T k (acc[c]) and S^T q (acc[NR + c]).
-          float acc[2 * NR];
+          // S <- diag(exp(a)) S and the lane's parts of S^T k and S^T q of row c, summed at once
+          // with the partner lane (bit Top): lanes with the bit keep S^T q, the others S^T k
+          // (the first level of a reduce-scatter of the 2 NR sums [S^T k, S^T q]).
+          const bool upper = (lane & Top) != 0;
+          float acc[NR];
 #pragma unroll
           for (int c = 0; c < NR; ++c) {
             float ak = 0.f, aq = 0.f;
@@ -312,12 +313,11 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks) direct_kernel(const Dec
               ak = fmaf(f[c][e], kv[e], ak);
               aq = fmaf(f[c][e], qv[e], aq);
             }
-            acc[c] = ak, acc[NR + c] = aq;
+            acc[c] = (upper ? aq : ak) + __shfl_xor_sync(0xffffffffu, upper ? ak : aq, Top);
           }
-          reduce_scatter<2 * NR, log2_int(F::LPR), Top>(acc, lane);
+          reduce_scatter<NR, log2_int(F::LPR) - 1, Top / 2>(acc, lane);
           // Lanes with bit Top hold S^T q of row c, their partners S^T k of the same row.
           const float mine = acc[0], other = __shfl_xor_sync(0xffffffffu, mine, Top);
-          const bool upper = (lane & Top) != 0;
           const float sk = upper ? other : mine, sq = upper ? mine : other;
           const int c_own = (lane & (Top - 1)) >> 1;
           const int r = warp * kDirectWarpRows + c_own * F::RPI + lane / F::LPR;
@@ -401,6 +401,21 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks) direct_kernel(const Dec
         else if (g0 + tt == len - 1 && p.state_out != nullptr) dst = slot;
         if (dst >= 0) store_state(dst);
       }
+    };
+
+    // The first group is staged while the state loads are in flight; `raw` is dead after it.
+    int cnt = int(len < tg ? len : tg);
+    stage(0, cnt);
+    unpack();  // the state loads are first waited for here
+    __syncthreads();
+    run(0, cnt);
+#pragma unroll 1
+    for (int64_t g0 = tg; g0 < len; g0 += tg) {
+      cnt = int(len - g0 < tg ? len - g0 : tg);
+      __syncthreads();  // the previous group's staging is no longer read
+      stage(g0, cnt);
+      __syncthreads();
+      run(g0, cnt);
     }
     __syncthreads();  // the next item's staging waits for this item's last reads
   }

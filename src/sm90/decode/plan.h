@@ -10,14 +10,16 @@
 //   and its state bytes in flight are what its shared-memory stages hold (~16 KB a block).
 // - direct (direct.cu): one block per work item; its first instructions issue every load of
 //   its state slice straight into registers (16-byte vectors), then the token inputs are
-//   staged and the tokens run on the registers. At <= 64 registers a lane (8 blocks of 128
-//   threads per SM) an SM holds 8 x 16 KB = 128 KB of fp32 state reads (64 KB bf16) in flight,
-//   against the ~32 KB that Little's law asks for (4.25 TB/s x ~1 us / 132 SMs), with no
+//   staged and the tokens run on the registers. At <= 128 registers a lane (4 blocks of 128
+//   threads per SM; ptxas needs ~115-140 without a bound and spills below ~100) an SM holds
+//   4 x 16 KB = 64 KB of fp32 state reads (32 KB bf16) in flight, against the ~32 KB that
+//   Little's law asks for (4.25 TB/s x ~1 us / 132 SMs), with no
 //   shared-memory round trip of the state and no pipeline prologue; the block scheduler
 //   replaces the persistent loop.
 // The auto rule (here and in plan.cpp only): direct everywhere. Where the floor is large
-// (N * HV >= ~1000 heads) the persistent kernel is capped by 3 x 16 KB in flight per SM and the
-// direct kernel is not; where it is small (1 x 32 heads) both are one latency chain (slot
+// (N * HV >= ~1000 heads) the persistent kernel's reads in flight wait in its shared-memory
+// stages (~16 KB a block, 3 blocks a SM for v-first) and the direct kernel's in registers (4
+// x 16 KB a SM fp32, 4 x 8 KB bf16, every block's whole slice at once); where it is small (1 x 32 heads) both are one latency chain (slot
 // index, state load, a token, the store), which the direct kernel shortens by the smem copy
 // and by spreading the work over 512 one-warp blocks instead of 256 two-warp ones. The
 // measurements (`python -m flash_kda.bench --decode --decode-kernel auto,persistent,direct`)
@@ -91,8 +93,8 @@ inline constexpr int kDirectWarpRows = 8;
 /// Direct kernel, k-first [K, V]: value columns one block owns (4 warps of 32 key rows each).
 inline constexpr int kDirectBlockCols = 32;
 /// Direct kernel: 128-thread blocks per SM its registers are built for (__launch_bounds__(128,
-/// 8): <= 64 registers a lane).
-inline constexpr int kDirectMinBlocks = 8;
+/// 4): <= 128 registers a lane, no spills; tighter bounds spill, see the header comment).
+inline constexpr int kDirectMinBlocks = 4;
 /// Direct kernel: bytes of k-first's cross-warp partial sums (2 token parities x 4 warps x
 /// 64 floats).
 inline constexpr int kDirectReduceBytes = 2 * 4 * 64 * 4;
