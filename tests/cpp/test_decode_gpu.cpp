@@ -216,12 +216,15 @@ std::vector<GpuCase> gpu_cases() {
   zs.config.base.beta_logits = false;
   zs.config.base.state_layout = StateLayout::VFirst;
   cases.push_back(zs);
-  // The direct kernel's v-first splits: 1 x 8 heads (1-warp blocks, 16 per head), 9 x 8
-  // heads (2-warp blocks), 40 x 8 heads (4-warp blocks), k-first fp32 at N = 1.
-  cases.push_back(make_case("split_n1_hv8_bf16pool_T3", GateMode::Softplus, StateLayout::VFirst, 3, false, DType::BF16,
+  // The direct kernel's v-first splits: 1 x 8 heads T = 1 (1-warp blocks, 16 per head) and
+  // T = 2 (2-warp blocks), 5 x 8 heads (2-warp blocks), 40 x 8 heads (4-warp blocks), k-first
+  // fp32 at N = 1 with T = 5.
+  cases.push_back(make_case("split_n1_hv8_bf16pool_T1", GateMode::Softplus, StateLayout::VFirst, 1, false, DType::BF16,
                             DType::BF16, 1, 8, 8));
-  cases.push_back(make_case("split_n9_hv8_fp32pool_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32,
-                            DType::F32, 9, 8, 8));
+  cases.push_back(make_case("split_n1_hv8_fp32pool_T2", GateMode::SafeSigmoid, StateLayout::VFirst, 2, false,
+                            DType::F32, DType::F32, 1, 4, 8));
+  cases.push_back(make_case("split_n5_hv8_fp32pool_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32,
+                            DType::F32, 5, 8, 8));
   cases.push_back(make_case("split_n40_hv8_fp32pool_T2", GateMode::PreGated, StateLayout::VFirst, 2, true, DType::F32,
                             DType::BF16, 40, 2, 8));
   cases.push_back(make_case("split_n1_hv4_kfirst_fp32pool_T5", GateMode::SafeSigmoid, StateLayout::KFirst, 5, false,

@@ -121,6 +121,10 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   EXPECT_EQ(big.items, 256 * 32 * 4);
   EXPECT_EQ(big.launch.grid_x, uint32_t(256 * 32 * 4));
   EXPECT_EQ(big.blocks_per_sm, flash_kda::sm90::kDirectMinBlocks);
+  // Each warp stages one token at a time: T = 2 takes at least 2 warps, T >= 3 and varlen 4.
+  EXPECT_EQ(make_decode_plan(shape(1, 32, 2, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 2);
+  EXPECT_EQ(make_decode_plan(shape(1, 32, 3, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 4);
+  EXPECT_EQ(make_decode_plan(shape(1, 32, 5, true), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 4);
   // k-first: always 4 warps x 32 columns.
   const auto k = make_decode_plan(shape(1, 32, 1, false), h200(), 4, StateLayout::KFirst, DecodeKernel::Direct);
   EXPECT_EQ(k.warps, 4);

@@ -16,7 +16,10 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, StateLayout layout) {
     plan.warps = 4;
     plan.block_cols = kDirectBlockCols;
   } else {
-    plan.warps = heads * 4 >= 2 * sms ? 4 : (heads * 8 >= 2 * sms ? 2 : 1);
+    const int tg = p.varlen ? kDecodeVarlenGroup : int(std::clamp<int64_t>(p.seqlen, 1, kDecodeMaxTokens));
+    const int split = heads * 4 >= 2 * sms ? 4 : (heads * 8 >= 2 * sms ? 2 : 1);
+    // A warp stages one token at a time: at least 2 warps for 2 tokens, 4 for more.
+    plan.warps = std::max(split, tg >= 3 ? 4 : tg);
     plan.block_cols = plan.warps * kDirectWarpRows;
   }
   plan.slices = kDecodeHeadDim / plan.block_cols;

@@ -135,7 +135,9 @@ struct DecodePlan {
 /// while N * HV * 4 >= 2 * SMs, else of 2 warps (8 items per head) while N * HV * 8 >= 2 * SMs,
 /// else of 1 warp (16 items per head): the grid then has at least ~2 blocks a SM or is a
 /// head's finest split (1 x 32 heads: 512 one-warp blocks, ~4 a SM, 8 rows = 4 KB fp32 each,
-/// instead of 128 four-warp blocks on 128 of the 132 SMs). k-first blocks are always 4 warps
+/// instead of 128 four-warp blocks on 128 of the 132 SMs); but at least 2 warps for T = 2 and
+/// 4 for T >= 3 or varlen, since each warp stages one token at a time (one dependent round
+/// trip of its q, k, g, v loads per token). k-first blocks are always 4 warps
 /// x 32 columns (4 items per head). The work per warp is the same in every split (8 value rows
 /// or 32 key rows of 32 columns); the split only spreads the warps over the SMs.
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
