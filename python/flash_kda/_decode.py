@@ -163,7 +163,6 @@ def fused_recurrent_kda_fwd(
     allow_neg_eigval: bool = False,
     lower_bound: float | None = None,
     out: torch.Tensor | None = None,
-    launch_options: DecodeLaunchOptions | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """KDA decode / speculative verification on an sm_90 GPU, with fla 0.6.0's call.
@@ -206,8 +205,9 @@ def fused_recurrent_kda_fwd(
             gate's floor, in [-5, 0). use_beta_sigmoid_in_kernel: b = sigmoid(beta).
             allow_neg_eigval: b = 2 sigmoid(beta) (only with the sigmoid, as in fla).
         out: optional [B, T, HV, V] (bf16 or fp32), written; None allocates one like v.
-        launch_options: a :class:`DecodeLaunchOptions` (flash_kda's own keyword: which decode
-            kernel runs), or None for the plan's choice. Not under torch.compile.
+        launch_options: a :class:`DecodeLaunchOptions` (flash_kda's own keyword, taken from
+            **kwargs so that the signature stays fla's: which decode kernel runs), or None for
+            the plan's choice. Not under torch.compile.
 
     Differences from fla, on purpose (decode.h): a negative slot index skips the sequence
     with zero output rows (fla reads slot -1); with [N] indices and T > 1 only the last token's
@@ -224,6 +224,7 @@ def fused_recurrent_kda_fwd(
             on the host, misaligned rows, an unknown keyword, ... Nothing is written then.
         RuntimeError: the CUDA launch failed. ImportError: PyTorch is not installed.
     """
+    launch_options = kwargs.pop("launch_options", None)
     _no_extra(kwargs)
     torch = _torch()
     kernel = _kernel_value(launch_options)
