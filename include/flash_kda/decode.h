@@ -65,6 +65,24 @@ struct DecodeArgs {
   double lower_bound = -5.0;    ///< SafeSigmoid only, natural-log units, in [-5, 0)
 };
 
+/// Which sm_90a decode kernel runs a call (DecodeLaunchOptions::kernel).
+enum class DecodeKernel : int {
+  Auto = 0,        ///< the launch plan's choice (src/sm90/decode/plan.h says which and why)
+  Persistent = 1,  ///< a persistent grid whose blocks stage the next items' state slices in shared memory
+  Direct = 2,      ///< one block per state slice, the slice loaded straight into registers
+};
+
+/// Launch choices a caller may fix instead of leaving them to the launch plan; none changes the
+/// function computed (both kernels have the same semantics), only how it runs: the benchmark's
+/// A/B (`--decode-kernel`) and the tests use it to run each kernel. A value outside the enum
+/// raises flash_kda::Error naming "launch_options.kernel" before any kernel runs.
+struct DecodeLaunchOptions {
+  DecodeKernel kernel = DecodeKernel::Auto;
+};
+
+/// Checks `options` (the kernel value); throws flash_kda::Error naming the bad field.
+void validate_decode_options(const DecodeLaunchOptions& options);
+
 /// Checks every argument of `args` for `target` and returns the derived sizes (seqlen = T per
 /// sequence for fixed length, T_total for varlen). Throws flash_kda::Error naming the first bad
 /// argument. Reads no tensor data on the GPU (index values are the caller's contract: an index
@@ -77,9 +95,9 @@ ProblemShape validate_decode(const DecodeArgs& args, Target target);
 /// T <= 16 tokens per sequence for a fixed-length batch (varlen sequences may be of any length:
 /// they run in rounds of 4 tokens; cu_seqlens values on the GPU are not checked, bad ones are
 /// clamped to [0, T_total] so that nothing outside the tensors is accessed). Slot indices >= P are treated
-/// like negative ones (skipped) so that no access leaves the pool. Throws flash_kda::CudaError
-/// if the launch fails.
-void decode(const DecodeArgs& args, Stream stream);
+/// like negative ones (skipped) so that no access leaves the pool. `options` may force one of
+/// the two kernels (validated after the arguments). Throws flash_kda::CudaError if the launch fails.
+void decode(const DecodeArgs& args, Stream stream, const DecodeLaunchOptions& options = {});
 
 /// The exact CPU reference of decode(): fp64, host tensors, any K, V and T, every gate mode
 /// and flag, both layouts, the pool semantics above (indices and cu_seqlens values checked:

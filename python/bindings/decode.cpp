@@ -99,15 +99,23 @@ DecodeArgs from_raw(const nb::tuple& tensors, const Settings& s) {
   return a;
 }
 
-void decode_py(const nb::tuple& tensors, const Settings& s, uintptr_t stream) {
+/// The launch options from the kernel value flash_kda's Python passes (a decode_kernels value;
+/// decode() names a bad one).
+DecodeLaunchOptions launch_options(int kernel) {
+  DecodeLaunchOptions o;
+  o.kernel = static_cast<DecodeKernel>(kernel);
+  return o;
+}
+
+void decode_py(const nb::tuple& tensors, const Settings& s, uintptr_t stream, int kernel) {
   Imported keep;
-  decode(from_arrays(tensors, s, Target::Sm90, keep), reinterpret_cast<Stream>(stream));
+  decode(from_arrays(tensors, s, Target::Sm90, keep), reinterpret_cast<Stream>(stream), launch_options(kernel));
 }
 
 // No GIL release: the call only validates and enqueues one launch (a few microseconds), less
 // than releasing and retaking the GIL would save other threads.
-void decode_raw_py(const nb::tuple& tensors, const Settings& s, uintptr_t stream) {
-  decode(from_raw(tensors, s), reinterpret_cast<Stream>(stream));
+void decode_raw_py(const nb::tuple& tensors, const Settings& s, uintptr_t stream, int kernel) {
+  decode(from_raw(tensors, s), reinterpret_cast<Stream>(stream), launch_options(kernel));
 }
 
 nb::tuple shape_tuple(const ProblemShape& p) {
@@ -138,16 +146,23 @@ void bind_decode(nb::module_& m) {
     gates["softplus"] = static_cast<int>(GateMode::Softplus);
     gates["none"] = static_cast<int>(GateMode::PreGated);
     m.attr("decode_gates") = gates;
+    nb::dict kernels;  // DecodeLaunchOptions::kernel
+    kernels["auto"] = static_cast<int>(DecodeKernel::Auto);
+    kernels["persistent"] = static_cast<int>(DecodeKernel::Persistent);
+    kernels["direct"] = static_cast<int>(DecodeKernel::Direct);
+    m.attr("decode_kernels") = kernels;
   }
   const char* settings_doc =
       " settings: (gate (a decode_gates value), state_v_first, use_qk_l2norm, use_beta_sigmoid, "
       "allow_neg_eigval, scale or None, lower_bound).";
-  m.def("decode", &decode_py, "tensors"_a, "settings"_a, "stream"_a,
+  m.def("decode", &decode_py, "tensors"_a, "settings"_a, "stream"_a, "kernel"_a = 0,
         (std::string("flash_kda::decode on DLPack arrays (or None), one per name of decode_tensors; see "
-                     "flash_kda.fused_recurrent_kda_fwd.") + settings_doc).c_str());
-  m.def("decode_raw", &decode_raw_py, "tensors"_a, "settings"_a, "stream"_a,
+                     "flash_kda.fused_recurrent_kda_fwd. kernel: a decode_kernels value (DecodeLaunchOptions).") +
+         settings_doc).c_str());
+  m.def("decode_raw", &decode_raw_py, "tensors"_a, "settings"_a, "stream"_a, "kernel"_a = 0,
         (std::string("flash_kda::decode on raw torch tensor descriptions (as forward_raw) or None, one per name "
-                     "of decode_tensors; the fast path of flash_kda.fused_recurrent_kda_fwd.") + settings_doc).c_str());
+                     "of decode_tensors; the fast path of flash_kda.fused_recurrent_kda_fwd. kernel: a "
+                     "decode_kernels value.") + settings_doc).c_str());
   m.def("validate_decode_raw", &validate_raw_py, "tensors"_a, "settings"_a,
         (std::string("flash_kda::validate_decode(.., Target::Sm90) on raw descriptions; returns (batch, seqlen, "
                      "num_seqs, heads, value_heads, K, V, varlen, scale) or raises flash_kda.Error.") + settings_doc).c_str());

@@ -14,6 +14,7 @@ fla.ops.kda.chunk_kda). Public API:
   flash_kda::fused_recurrent_kda_fwd.
 - :func:`reference_decode`: the decode's exact fp64 CPU reference.
 - :class:`LaunchOptions`: launch choices fwd may be given instead of the plan's.
+- :class:`DecodeLaunchOptions`: which decode kernel fused_recurrent_kda_fwd runs.
 - :func:`reference`: the exact fp64 CPU reference on numpy arrays or torch tensors.
 - :class:`Error`: raised for invalid or unsupported arguments (a ValueError).
 - :func:`cuda_available`, ``__version__``.
@@ -34,7 +35,7 @@ except ImportError:
 from . import _core  # noqa: E402
 from ._forward import LaunchOptions, fwd
 from ._chunk import chunk_kda
-from ._decode import fused_recurrent_kda, fused_recurrent_kda_fwd, reference_decode
+from ._decode import DecodeLaunchOptions, fused_recurrent_kda, fused_recurrent_kda_fwd, reference_decode
 from ._reference import reference
 
 __version__: str = _core.__version__
@@ -66,5 +67,5 @@ from . import _fla, _fla_chunk  # noqa: E402
 _fla.register()  # never raises; flash_kda._fla.status says whether fla dispatches to the decode
 _fla_chunk.register()  # never raises; flash_kda._fla_chunk.status: whether fla's chunk_kda dispatches here
 
-__all__ = ["Error", "LaunchOptions", "__version__", "chunk_kda", "cuda_available", "fused_recurrent_kda",
+__all__ = ["DecodeLaunchOptions", "Error", "LaunchOptions", "__version__", "chunk_kda", "cuda_available", "fused_recurrent_kda",
            "fused_recurrent_kda_fwd", "fwd", "reference", "reference_decode"]

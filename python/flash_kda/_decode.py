@@ -10,6 +10,7 @@ is made.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +41,40 @@ if tuple(_core.decode_tensors) != DECODE_TENSORS:
     raise ImportError(f"flash_kda._core's decode table {tuple(_core.decode_tensors)} does not match the Python "
                       f"package's {DECODE_TENSORS}: the package and its extension are from different builds")
 _GATES = _core.decode_gates
+_KERNELS = _core.decode_kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLaunchOptions:
+    """Launch choices for :func:`fused_recurrent_kda_fwd` that the launch plan otherwise makes
+    (C++ ``flash_kda::DecodeLaunchOptions``). None changes the function computed.
+
+    Attributes:
+        kernel: "auto" (the plan's choice), "persistent" (a persistent grid staging the state
+            slices in shared memory) or "direct" (one block per state slice, held in
+            registers); the benchmark's ``--decode-kernel`` and the tests force each.
+
+    Raises:
+        flash_kda.Error: kernel is not one of those names (named ``launch_options.kernel``).
+    """
+
+    kernel: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kernel, str) or self.kernel not in _KERNELS:
+            raise _error("launch_options.kernel", f"expected one of {', '.join(map(repr, _KERNELS))}, got "
+                         f"{self.kernel!r}")
+        object.__setattr__(self, "_kernel", int(_KERNELS[self.kernel]))
+
+
+def _kernel_value(launch_options) -> int:
+    """The binding's kernel value of a DecodeLaunchOptions or None."""
+    if launch_options is None:
+        return 0
+    if not isinstance(launch_options, DecodeLaunchOptions):
+        raise _error("launch_options", "expected a flash_kda.DecodeLaunchOptions or None, got "
+                     f"{type(launch_options).__name__}")
+    return launch_options._kernel
 
 
 def _settings(use_gate_in_kernel, lower_bound, state_v_first, use_qk_l2norm_in_kernel,
@@ -170,6 +205,9 @@ def fused_recurrent_kda_fwd(
             gate's floor, in [-5, 0). use_beta_sigmoid_in_kernel: b = sigmoid(beta).
             allow_neg_eigval: b = 2 sigmoid(beta) (only with the sigmoid, as in fla).
         out: optional [B, T, HV, V] (bf16 or fp32), written; None allocates one like v.
+        launch_options: a :class:`DecodeLaunchOptions` (flash_kda's own keyword, taken from
+            **kwargs so that the signature stays fla's: which decode kernel runs), or None for
+            the plan's choice. Not under torch.compile.
 
     Differences from fla, on purpose (decode.h): a negative slot index skips the sequence
     with zero output rows (fla reads slot -1); with [N] indices and T > 1 only the last token's
@@ -186,9 +224,14 @@ def fused_recurrent_kda_fwd(
             on the host, misaligned rows, an unknown keyword, ... Nothing is written then.
         RuntimeError: the CUDA launch failed. ImportError: PyTorch is not installed.
     """
+    launch_options = kwargs.pop("launch_options", None)
     _no_extra(kwargs)
     torch = _torch()
+    kernel = _kernel_value(launch_options)
     if _traced is not None and torch.compiler.is_compiling():
+        if launch_options is not None:
+            raise _error("launch_options", "is not served under torch.compile (the traced op runs the plan's "
+                         "kernel); pass None")
         return _traced(
             q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state, inplace_final_state,
             state_v_first, cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
@@ -204,7 +247,7 @@ def fused_recurrent_kda_fwd(
     if out is None:
         out = _new_out(v, cu_seqlens, torch)
     run_decode(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
-               ssm_state_indices, num_accepted_tokens, settings, torch)
+               ssm_state_indices, num_accepted_tokens, settings, torch, kernel)
     return out, final_state
 
 
@@ -240,9 +283,10 @@ def _new_out(v, cu_seqlens, torch):
 
 
 def run_decode(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
-               ssm_state_indices, num_accepted_tokens, settings, torch) -> None:
+               ssm_state_indices, num_accepted_tokens, settings, torch, kernel: int = 0) -> None:
     """_core.decode_raw on the current stream of q's device (the DLPack path when some
-    argument is not a torch tensor, so that the binding names it)."""
+    argument is not a torch tensor, so that the binding names it); kernel: a
+    _core.decode_kernels value."""
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
                ssm_state_indices, num_accepted_tokens)
     _grad_check(torch, tensors)
@@ -250,9 +294,9 @@ def run_decode(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state,
     stream = _current_raw_stream(torch, device) if getattr(device, "type", None) == "cuda" else 0
     raw = _raw_descriptions(tensors, torch)
     if raw is not None:
-        _core.decode_raw(raw, settings, stream)
+        _core.decode_raw(raw, settings, stream, kernel)
         return
-    _core.decode(tensors, settings, stream)
+    _core.decode(tensors, settings, stream, kernel)
 
 
 def fused_recurrent_kda(

@@ -323,10 +323,18 @@ ProblemShape validate_decode(const DecodeArgs& args, Target target) {
   return p;
 }
 
-void decode(const DecodeArgs& args, Stream stream) {
+void validate_decode_options(const DecodeLaunchOptions& options) {
+  const int k = static_cast<int>(options.kernel);
+  if (k < static_cast<int>(DecodeKernel::Auto) || k > static_cast<int>(DecodeKernel::Direct))
+    throw Error("launch_options.kernel",
+                "expected DecodeKernel::Auto (0), Persistent (1) or Direct (2), got " + std::to_string(k));
+}
+
+void decode(const DecodeArgs& args, Stream stream, const DecodeLaunchOptions& options) {
   const ProblemShape p = validate_decode(args, Target::Sm90);
+  validate_decode_options(options);
 #if FLASH_KDA_WITH_CUDA
-  sm90::launch_decode(args, p, stream);
+  sm90::launch_decode(args, p, options.kernel, stream);
 #else
   (void)p;
   (void)stream;

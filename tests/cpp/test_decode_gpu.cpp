@@ -34,6 +34,7 @@ using flash_kda::testing::DeviceTensor;
 struct GpuCase {
   std::string name;
   DecodeConfig config;
+  flash_kda::DecodeKernel kernel = flash_kda::DecodeKernel::Auto;
 };
 void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
 
@@ -76,7 +77,9 @@ TEST_P(DecodeGpu, MatchesReference) {
 
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  flash_kda::decode(a, stream);
+  flash_kda::DecodeLaunchOptions options;
+  options.kernel = GetParam().kernel;
+  flash_kda::decode(a, stream, options);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaStreamDestroy(stream);
 
@@ -213,15 +216,41 @@ std::vector<GpuCase> gpu_cases() {
   zs.config.base.beta_logits = false;
   zs.config.base.state_layout = StateLayout::VFirst;
   cases.push_back(zs);
-  return cases;
+  // The direct kernel's v-first splits: 1 x 8 heads T = 1 (1-warp blocks, 16 per head) and
+  // T = 2 (2-warp blocks), 5 x 8 heads (2-warp blocks), 40 x 8 heads (4-warp blocks), k-first
+  // fp32 at N = 1 with T = 5.
+  cases.push_back(make_case("split_n1_hv8_bf16pool_T1", GateMode::Softplus, StateLayout::VFirst, 1, false, DType::BF16,
+                            DType::BF16, 1, 8, 8));
+  cases.push_back(make_case("split_n1_hv8_fp32pool_T2", GateMode::SafeSigmoid, StateLayout::VFirst, 2, false,
+                            DType::F32, DType::F32, 1, 4, 8));
+  cases.push_back(make_case("split_n5_hv8_fp32pool_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32,
+                            DType::F32, 5, 8, 8));
+  cases.push_back(make_case("split_n40_hv8_fp32pool_T2", GateMode::PreGated, StateLayout::VFirst, 2, true, DType::F32,
+                            DType::BF16, 40, 2, 8));
+  cases.push_back(make_case("split_n1_hv4_kfirst_fp32pool_T5", GateMode::SafeSigmoid, StateLayout::KFirst, 5, false,
+                            DType::F32, DType::BF16, 1, 4, 4));
+  // Every case on both kernels.
+  std::vector<GpuCase> both;
+  for (const GpuCase& c : cases)
+    for (flash_kda::DecodeKernel k : {flash_kda::DecodeKernel::Persistent, flash_kda::DecodeKernel::Direct}) {
+      GpuCase x = c;
+      x.kernel = k;
+      x.name += k == flash_kda::DecodeKernel::Persistent ? "_persistent" : "_direct";
+      both.push_back(x);
+    }
+  return both;
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, DecodeGpu, ::testing::ValuesIn(gpu_cases()),
                          [](const ::testing::TestParamInfo<GpuCase>& i) { return i.param.name; });
 
-TEST(DecodeGpuGraph, CapturesAndReplays) {
+class DecodeGpuGraph : public ::testing::TestWithParam<flash_kda::DecodeKernel> {};
+
+TEST_P(DecodeGpuGraph, CapturesAndReplays) {
   const std::string why = gpu_skip_reason();
   if (!why.empty()) GTEST_SKIP() << why;
+  flash_kda::DecodeLaunchOptions options;
+  options.kernel = GetParam();
   GpuCase c = make_case("graph", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32, DType::BF16, 4, 2, 4);
   auto prob = flash_kda::testing::make_decode_problem(c.config);
   DeviceTensor q(prob.q.wide), k(prob.k.wide), v(prob.v.wide), g(prob.g.wide), out(prob.out.wide), beta(prob.act.beta),
@@ -236,7 +265,7 @@ TEST(DecodeGpuGraph, CapturesAndReplays) {
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  flash_kda::decode(a, stream);  // no sync, no allocation: capturable
+  flash_kda::decode(a, stream, options);  // no sync, no allocation: capturable
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
@@ -248,6 +277,12 @@ TEST(DecodeGpuGraph, CapturesAndReplays) {
   out.download();
   for (double x : view_values(prob.out.wide, prob.out.view())) ASSERT_TRUE(std::isfinite(x));
 }
+
+INSTANTIATE_TEST_SUITE_P(Sm90, DecodeGpuGraph,
+                         ::testing::Values(flash_kda::DecodeKernel::Persistent, flash_kda::DecodeKernel::Direct),
+                         [](const ::testing::TestParamInfo<flash_kda::DecodeKernel>& i) {
+                           return std::string(i.param == flash_kda::DecodeKernel::Persistent ? "persistent" : "direct");
+                         });
 
 }  // namespace
 #endif  // FLASH_KDA_WITH_CUDA

@@ -263,3 +263,37 @@ TEST(DecodeValidate, NothingWrittenOnError) {
 }
 
 }  // namespace
+
+TEST(DecodeValidate, LaunchOptionsKernel) {
+  EXPECT_NO_THROW(flash_kda::validate_decode_options({}));
+  for (flash_kda::DecodeKernel k :
+       {flash_kda::DecodeKernel::Auto, flash_kda::DecodeKernel::Persistent, flash_kda::DecodeKernel::Direct}) {
+    flash_kda::DecodeLaunchOptions o;
+    o.kernel = k;
+    EXPECT_NO_THROW(flash_kda::validate_decode_options(o));
+  }
+  for (int bad : {-1, 3, 100}) {
+    flash_kda::DecodeLaunchOptions o;
+    o.kernel = static_cast<flash_kda::DecodeKernel>(bad);
+    try {
+      flash_kda::validate_decode_options(o);
+      ADD_FAILURE() << "no error for kernel " << bad;
+    } catch (const flash_kda::Error& e) {
+      EXPECT_EQ(e.argument(), "launch_options.kernel") << e.what();
+    }
+  }
+}
+
+TEST(DecodeValidate, DecodeNamesABadKernelBeforeAnyLaunch) {
+  // The arguments are valid for the GPU (pointers are host memory, never touched): decode()
+  // validates them, then the options, and throws before the launch.
+  auto prob = flash_kda::testing::make_decode_problem(valid_config());
+  flash_kda::DecodeLaunchOptions o;
+  o.kernel = static_cast<flash_kda::DecodeKernel>(7);
+  try {
+    flash_kda::decode(on_gpu(prob.args()), nullptr, o);
+    ADD_FAILURE() << "no error";
+  } catch (const flash_kda::Error& e) {
+    EXPECT_EQ(e.argument(), "launch_options.kernel") << e.what();
+  }
+}

@@ -230,3 +230,43 @@ def test_decode_run_writes_outputs_and_exit_code(monkeypatch, capsys, tmp_path):
     assert json.loads((out / "results.json").read_text())["decode"] == results["decode"]
     results["decode"][0]["check"]["passed"] = False
     assert main.main(["--decode", "--out-dir", str(out), "--no-plot"]) == 1
+
+
+def test_decode_kernel_flag():
+    assert cli.parse_args(["--decode"]).decode_kernels == ["auto"]
+    a = cli.parse_args(["--decode", "--decode-kernel", "auto,persistent,direct"])
+    assert a.decode_kernels == ["auto", "persistent", "direct"]
+    assert cli.parse_args(["--decode", "--decode-kernel", "direct"]).decode_kernels == ["direct"]
+    assert [decode.kernel_label(k) for k in decode.KERNELS] == ["flash_kda", "flash_kda_persistent",
+                                                                  "flash_kda_direct"]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--decode-kernel", "direct"], "give --decode too"),
+    (["--decode", "--decode-kernel", "fast"], "unknown kernel 'fast'"),
+    (["--decode", "--decode-kernel", "direct,direct"], "listed twice"),
+    (["--decode", "--decode-kernel", ","], "comma list"),
+])
+def test_bad_decode_kernel_flags_exit_2(capsys, argv, fragment):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(argv)
+    assert e.value.code == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_decode_kernel_table():
+    r = fake_decode()
+    assert report.decode_kernel_rows(r) == ([], [])  # auto alone: no per-kernel table
+    assert "decode kernels" not in report.format_decode_table(r)
+    for p in r["decode"]:
+        g = p["times"]["flash_kda"]["graph"]
+        p["times"]["flash_kda_persistent"] = {"graph": {k: v * 2 if isinstance(v, float) else v
+                                                        for k, v in g.items()}}
+        p["times"]["flash_kda_direct"] = {"graph": dict(g)}
+    cols, rows = report.decode_kernel_rows(r)
+    assert cols[0] == "point" and cols[1:4] == ["flash_kda graph us", "flash_kda x floor", "fla / flash_kda"]
+    assert "flash_kda_persistent graph us" in cols and "fla / flash_kda_direct" in cols
+    first = dict(zip(cols, rows[0]))
+    assert first["flash_kda_persistent graph us"] == "8.0" and first["flash_kda_direct graph us"] == "4.0"
+    assert first["fla / flash_kda_direct"] == "3.00x" and first["fla / flash_kda_persistent"] == "1.50x"
+    assert "decode kernels (CUDA graph):" in report.format_decode_table(r)

@@ -19,6 +19,19 @@ import flash_kda
 
 pytestmark = pytest.mark.cuda_sm90
 
+
+@pytest.fixture(autouse=True, params=["persistent", "direct"])
+def decode_kernel(request, monkeypatch):
+    """Every test of this file runs on both decode kernels: a call without launch_options
+    (fla's dispatch included) runs the one forced here; torch.compile's traced op keeps the
+    plan's choice."""
+    from flash_kda import _decode
+
+    forced = int(_decode._KERNELS[request.param])
+    real = _decode._kernel_value
+    monkeypatch.setattr(_decode, "_kernel_value", lambda o: forced if o is None else real(o))
+    return request.param
+
 K = V = 128
 BOUND = 1e-2
 FLA_SLACK = 1.02
@@ -405,3 +418,20 @@ def test_fla_dispatches_to_flash_kda_and_falls_back(cuda_sm90, monkeypatch):
     with _count_ours(monkeypatch) as calls, torch.inference_mode(), _fla_dispatch(False):
         fla_fwd(**dict(kw, initial_state=kw["initial_state"].clone()))
         assert calls[0] == 0  # FLA_FLASH_KDA_DECODE=0 turns the backend off
+
+
+def test_launch_options_force_each_kernel(cuda_sm90, decode_kernel):
+    """Each kernel forced through flash_kda.DecodeLaunchOptions matches the fp64 reference."""
+    import torch
+
+    kw, valid = _problem(cuda_sm90, N=3, T=2, HV=4, padded=(1,), accepted=True)
+    ref_out, ref_pool = _reference(kw)
+    sel = torch.tensor(valid, device=cuda_sm90, dtype=torch.int64)
+    for kernel in ("auto", "persistent", "direct"):
+        call = dict(kw, initial_state=kw["initial_state"].clone())
+        with torch.inference_mode():
+            out, pool = flash_kda.fused_recurrent_kda_fwd(**call, launch_options=flash_kda.DecodeLaunchOptions(kernel))
+        torch.cuda.synchronize()
+        assert torch.all(out[1] == 0)
+        assert _rel(out[sel], ref_out[sel]) <= BOUND, kernel
+        assert _rel(pool, ref_pool) <= BOUND, kernel

@@ -72,3 +72,20 @@ def test_exported_from_the_package():
     for name in ("fused_recurrent_kda_fwd", "fused_recurrent_kda", "reference_decode"):
         assert name in flash_kda.__all__ and callable(getattr(flash_kda, name))
         assert getattr(flash_kda, name).__doc__
+
+
+def test_launch_options_is_a_keyword_beside_flas_signature():
+    """flash_kda's own keyword comes through **kwargs (the signature stays fla's) and is checked:
+    a bad kernel name or a wrong type is named before anything runs."""
+    with pytest.raises(flash_kda.Error) as e:
+        flash_kda.DecodeLaunchOptions(kernel="fastest")
+    assert e.value.argument == "launch_options.kernel"
+    with pytest.raises(flash_kda.Error) as e:
+        flash_kda.DecodeLaunchOptions(kernel=2)
+    assert e.value.argument == "launch_options.kernel"
+    assert flash_kda.DecodeLaunchOptions().kernel == "auto"
+    assert flash_kda.DecodeLaunchOptions("direct")._kernel == flash_kda._core.decode_kernels["direct"]
+    pytest.importorskip("torch")
+    with pytest.raises(flash_kda.Error) as e:
+        flash_kda.fused_recurrent_kda_fwd(None, None, None, None, None, launch_options="direct")
+    assert e.value.argument == "launch_options"

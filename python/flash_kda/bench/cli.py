@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens per sequence, 1..16 (default " + ",".join(map(str, decode_mod.TOKENS)) + ")")
     dec.add_argument("--decode-states", type=_state_list, metavar="DTYPE,...", default=None,
                      help="pool dtypes (default " + ",".join(decode_mod.STATES) + ")")
+    dec.add_argument("--decode-kernel", dest="decode_kernel", metavar="KERNEL,...", default=None,
+                     help="decode kernels to time, each as its own implementation on the same inputs: auto "
+                     "(the plan's choice, reported as flash_kda), persistent, direct (reported as "
+                     "flash_kda_persistent, flash_kda_direct); default auto")
     dec.add_argument("--check-seqs", type=_positive_int, default=decode_mod.DEFAULT_SAMPLE, metavar="S",
                      help=f"sequences of each decode point checked against the fp64 reference (default "
                      f"{decode_mod.DEFAULT_SAMPLE}; all when fewer)")
@@ -158,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    decode_flags = [f for f in ("decode_seqs", "decode_heads", "decode_tokens", "decode_states")
+    decode_flags = [f for f in ("decode_seqs", "decode_heads", "decode_tokens", "decode_states", "decode_kernel")
                     if getattr(args, f) is not None]
     args.decode_cases = []
     variant = args.gate != ["safe"] or args.state_layout != "v_first" or args.state_dtypes is not None or args.strided
@@ -176,6 +180,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.decode_cases = decode_mod.decode_cases(
                 args.decode_seqs or decode_mod.NUM_SEQS, args.decode_heads or decode_mod.HEADS,
                 args.decode_tokens or decode_mod.TOKENS, args.decode_states or decode_mod.STATES)
+        except ValueError as e:
+            parser.error(str(e))
+        try:
+            args.decode_kernels = (decode_mod.parse_kernels(args.decode_kernel) if args.decode_kernel is not None
+                                   else list(decode_mod.DEFAULT_KERNELS))
         except ValueError as e:
             parser.error(str(e))
         args.cases = []

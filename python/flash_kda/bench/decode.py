@@ -155,13 +155,41 @@ class Inputs:
                     use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=LOWER_BOUND, out=out)
 
 
-def flash_kda_call(x: Inputs):
-    """(call, out, pool): call() runs flash_kda.fused_recurrent_kda_fwd on its own pool."""
+#: --decode-kernel's names (flash_kda.DecodeLaunchOptions.kernel) and the default list.
+KERNELS = ("auto", "persistent", "direct")
+DEFAULT_KERNELS = ("auto",)
+
+
+def kernel_label(kernel: str) -> str:
+    """The implementation label of a decode kernel: "flash_kda" for the plan's choice (auto),
+    else "flash_kda_<kernel>"."""
+    return "flash_kda" if kernel == "auto" else f"flash_kda_{kernel}"
+
+
+def parse_kernels(text: str) -> list[str]:
+    """"auto,direct" -> ["auto", "direct"] (names of KERNELS, each once, in the given order);
+    ValueError naming the bad entry."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--decode-kernel wants a comma list of {', '.join(KERNELS)}; got {text!r}")
+    for n in names:
+        if n not in KERNELS:
+            raise ValueError(f"--decode-kernel: unknown kernel {n!r} (want {', '.join(KERNELS)})")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--decode-kernel: a kernel is listed twice in {text!r}")
+    return names
+
+
+def flash_kda_call(x: Inputs, kernel: str = "auto"):
+    """(call, out, pool): call() runs flash_kda.fused_recurrent_kda_fwd with `kernel` forced
+    (DecodeLaunchOptions; "auto": no options) on its own pool."""
     import torch
     import flash_kda
 
     pool, out = x.pool0.clone(), torch.full_like(x.v, float("nan"))
     kw = x.kwargs(pool, out)
+    if kernel != "auto":
+        kw["launch_options"] = flash_kda.DecodeLaunchOptions(kernel=kernel)
 
     def call() -> None:
         flash_kda.fused_recurrent_kda_fwd(**kw)
@@ -236,25 +264,33 @@ def verdict(c: dict) -> bool:
 
 def run_point(case: DecodeCase, args, copy_bw: float, use_fla: bool, timed) -> dict:
     """Check and time one point; returns its JSON entry (see report.decode_rows): "times"
-    (eager and CUDA-graph event timings per implementation) and "host_us" (host microseconds
-    per eager call, timing.host_us_per_call over HOST_CALLS calls, per implementation)."""
+    (eager and CUDA-graph event timings per implementation: one per --decode-kernel kernel,
+    kernel_label's names, and fla) and "host_us" (host microseconds per eager call,
+    timing.host_us_per_call over HOST_CALLS calls, per implementation). The check's out_err /
+    state_err are the first kernel's; with several kernels check["kernels"] holds each one's
+    errors and verdict, and "passed" needs them all."""
     import torch
 
     from . import timing
 
+    kernels = list(getattr(args, "decode_kernels", None) or DEFAULT_KERNELS)
     x = Inputs(case, args.seed)
     result: dict = {"case": case.to_dict(), "floor_bytes": floor_bytes(case), "floor_ms": floor_ms(case, copy_bw),
                     "times": {}, "host_us": {}, "errors": {}, "check": None}
-    ours, ours_out, ours_pool = flash_kda_call(x)
+    ours = {}  # label -> (call or None, out, pool)
+    for kernel in kernels:
+        ours[kernel_label(kernel)] = flash_kda_call(x, kernel)
     fla, fla_out, fla_pool = fla_call(x) if use_fla else (None, None, None)
     with torch.inference_mode():
         chk: dict = {"sampled_seqs": 0, "bound": check_mod.REF_BOUND, "fla_ratio_bound": check_mod.FLA_RATIO_BOUND}
-        try:
-            ours()
-            torch.cuda.synchronize()
-        except Exception as e:
-            result["errors"]["check"] = f"{type(e).__name__}: {e}"
-            ours = None
+        for label, (fn, out, pool) in list(ours.items()):
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except Exception as e:
+                result["errors"]["check" if label == kernel_label(kernels[0]) else f"{label} check"] = \
+                    f"{type(e).__name__}: {e}"
+                ours[label] = (None, out, pool)
         if fla is not None:
             try:
                 with count_flash_kda_decode_calls() as calls:
@@ -265,20 +301,34 @@ def run_point(case: DecodeCase, args, copy_bw: float, use_fla: bool, timed) -> d
             except Exception as e:
                 result["errors"]["fla check"] = f"{type(e).__name__}: {e}"
                 fla = None
-        if ours is not None and not args.no_check:
+        runnable = [(label, out, pool) for label, (fn, out, pool) in ours.items() if fn is not None]
+        if runnable and not args.no_check:
             try:
                 seqs = sample_indices(case.num_seqs, args.check_seqs)
                 ref_out, ref_state, sel, slots = reference_sample(x, seqs)
                 chk["sampled_seqs"] = len(seqs)
-                chk["out_err"], chk["state_err"] = errors_of(ours_out, ours_pool, ref_out, ref_state, sel, slots)
                 if fla is not None:
                     chk["fla_out_err"], chk["fla_state_err"] = errors_of(fla_out, fla_pool, ref_out, ref_state,
                                                                          sel, slots)
-                chk["passed"] = verdict(chk)
+                per = {}
+                for label, out, pool in runnable:
+                    o_err, s_err = errors_of(out, pool, ref_out, ref_state, sel, slots)
+                    one = {"out_err": o_err, "state_err": s_err}
+                    for key in ("fla_out_err", "fla_state_err"):
+                        if key in chk:
+                            one[key] = chk[key]
+                    one["passed"] = verdict(one)
+                    per[label] = {k: one[k] for k in ("out_err", "state_err", "passed")}
+                first = per[runnable[0][0]]
+                chk["out_err"], chk["state_err"] = first["out_err"], first["state_err"]
+                if len(kernels) > 1:
+                    chk["kernels"] = per
+                chk["passed"] = all(v["passed"] for v in per.values()) and len(runnable) == len(ours)
                 result["check"] = chk
             except Exception as e:
                 result["errors"]["check"] = f"{type(e).__name__}: {e}"
-        for label, fn in (("flash_kda", ours), ("fla", fla)):
+        timed_fns = [(label, fn) for label, (fn, _, _) in ours.items()] + [("fla", fla)]
+        for label, fn in timed_fns:
             if fn is None:
                 continue
             result["times"][label], errs = timed(label, fn, args)
@@ -287,7 +337,7 @@ def run_point(case: DecodeCase, args, copy_bw: float, use_fla: bool, timed) -> d
                 result["host_us"][label] = timing.host_us_per_call(fn, HOST_CALLS)
             except Exception as e:
                 result["errors"][f"{label} host"] = f"{type(e).__name__}: {e}"
-    del x, ours_out, ours_pool, fla_out, fla_pool
+    del x, ours, fla_out, fla_pool
     torch.cuda.empty_cache()
     return result
 
@@ -309,7 +359,8 @@ def run_decode_suite(args, meta: dict, on_point=None) -> dict:
     torch.manual_seed(args.seed)
     results = {"meta": meta, "copy_bandwidth": copy_bw,
                "settings": {"iters": args.iters, "warmup": args.warmup, "seed": args.seed, "fla": use_fla,
-                            "check_seqs": args.check_seqs, "graph_calls": GRAPH_CALLS},
+                            "check_seqs": args.check_seqs, "graph_calls": GRAPH_CALLS,
+                            "kernels": list(getattr(args, "decode_kernels", None) or DEFAULT_KERNELS)},
                "planned_decode": len(args.decode_cases), "cases": [], "decode": []}
     for i, case in enumerate(args.decode_cases, 1):
         suite.progress(f"[{i}/{len(args.decode_cases)}] decode {case.name}")

@@ -488,9 +488,44 @@ def _decode_errors(results: dict) -> list[str]:
             for r in results.get("decode", []) for what, msg in r.get("errors", {}).items()]
 
 
+def decode_kernel_labels(results: dict) -> list[str]:
+    """The flash_kda implementations of a --decode-kernel run, in the order first timed
+    ("flash_kda" for auto, "flash_kda_<kernel>"); empty for a run of auto alone."""
+    labels: list[str] = []
+    for r in results.get("decode", []):
+        for label in r.get("times", {}):
+            if label.startswith("flash_kda") and label not in labels:
+                labels.append(label)
+    return labels if labels != ["flash_kda"] else []
+
+
+def decode_kernel_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """(columns, rows): per decode point each kernel's graph time (us), its multiple of the
+    floor and fla's graph time over it (the --decode-kernel A/B); no rows without one."""
+    labels = decode_kernel_labels(results)
+    if not labels:
+        return [], []
+    cols = ["point"]
+    for label in labels:
+        cols += [f"{label} graph us", f"{label} x floor", f"fla / {label}"]
+    rows = []
+    for r in results.get("decode", []):
+        row = [r["case"]["name"]]
+        fla_g = _median(r, "fla", "graph")
+        for label in labels:
+            g = _median(r, label, "graph")
+            row += [_us(g), _ratio(g, r.get("floor_ms")), _ratio(fla_g, g)]
+        rows.append(row)
+    return cols, rows
+
+
 def format_decode_table(results: dict) -> str:
-    """The plain-text decode table with its summary lines."""
+    """The plain-text decode table with its summary lines (and the per-kernel table of a
+    --decode-kernel run)."""
     text = _padded(DECODE_COLUMNS, decode_rows(results)) + [""]
+    kcols, krows = decode_kernel_rows(results)
+    if krows:
+        text += ["decode kernels (CUDA graph):"] + _padded(kcols, krows) + [""]
     text += decode_summary(results) + [DECODE_NOTE] + _decode_errors(results)
     return "\n".join(text)
 

@@ -1,4 +1,5 @@
-// The sm_90a decode kernel: the KDA recurrence for T = 1..16 tokens per sequence (varlen: any
+// The sm_90a persistent decode kernel, and the launch of either decode kernel (the plan picks
+// it; the direct kernel is in direct.cu): the KDA recurrence for T = 1..16 tokens per sequence (varlen: any
 // length), each (sequence, value head) state read once from its slot and written once per kept
 // token. Semantics: include/flash_kda/decode.h.
 //
@@ -58,6 +59,7 @@
 #include "sm90/common/device_props.h"
 #include "sm90/common/launch_config.h"
 #include "sm90/common/ptx.cuh"
+#include "sm90/decode/direct.h"
 #include "sm90/decode/fragment.cuh"
 #include "sm90/decode/launch.h"
 #include "sm90/decode/params.h"
@@ -514,14 +516,14 @@ ActView act(const TensorView& t) {
 
 }  // namespace
 
-void launch_decode(const DecodeArgs& a, const ProblemShape& ps, Stream stream) {
+void launch_decode(const DecodeArgs& a, const ProblemShape& ps, DecodeKernel kernel, Stream stream) {
   const int device = a.q.device_id;
   DeviceGuard guard(device);
   uint64_t ctx = 0;
   const DeviceProps props = sm90_stream_props(device, stream, &ctx);
   const TensorView& state = a.initial_state.defined() ? a.initial_state : a.final_state;
   const bool bf16_pool = state.defined() && state.dtype == DType::BF16;
-  const DecodePlan plan = make_decode_plan(ps, props, bf16_pool ? 2 : 4, a.state_layout);
+  const DecodePlan plan = make_decode_plan(ps, props, bf16_pool ? 2 : 4, a.state_layout, kernel);
 
   DecodeParams p;
   p.q = act(a.q);
@@ -570,7 +572,9 @@ void launch_decode(const DecodeArgs& a, const ProblemShape& ps, Stream stream) {
   p.token_group = plan.token_group;
 
   cudaError_t e;
-  if (a.state_layout == StateLayout::VFirst)
+  if (plan.kernel == DecodeKernel::Direct)
+    e = launch_direct(a.state_layout, bf16_pool, a.gate, plan, ctx, p, stream);
+  else if (a.state_layout == StateLayout::VFirst)
     e = bf16_pool ? launch_gate<StateLayout::VFirst, __nv_bfloat16>(a.gate, plan.launch, ctx, p, stream)
                   : launch_gate<StateLayout::VFirst, float>(a.gate, plan.launch, ctx, p, stream);
   else

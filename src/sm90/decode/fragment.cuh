@@ -55,16 +55,17 @@ __device__ __forceinline__ void load_row(float (&dst)[N], const float* src) {
   }
 }
 
-/// Sum of v[0..NV) over the 2^Bits lanes that differ in lane bits 16, 8, ... (Bits of them):
-/// a reduce-scatter (each halving level keeps half the values, the upper half where the lane's
-/// bit is set, and adds the partner's copy), then a plain all-reduce of the last value. After it
-/// v[0] is the sum of value number scatter_index(lane).
-template <int NV, int Bits>
+/// Sum of v[0..NV) over the 2^Bits lanes that differ in lane bits Top, Top / 2, ... (Bits of
+/// them): a reduce-scatter (each halving level keeps half the values, the upper half where the
+/// lane's bit is set, and adds the partner's copy), then a plain all-reduce of the last value.
+/// After it v[0] is the sum of value number scatter_index(lane) (Top = 16; fewer levels than
+/// log2(NV) leave NV / 2^Bits sums in v[0..)).
+template <int NV, int Bits, int Top = 16>
 __device__ __forceinline__ void reduce_scatter(float (&v)[NV], int lane) {
   int n = NV;
 #pragma unroll
   for (int level = 0; level < Bits; ++level) {
-    const int off = 16 >> level;
+    const int off = Top >> level;
     if (n > 1) {
       const bool upper = lane & off;
       const int half = n / 2;

@@ -5,15 +5,55 @@
 
 namespace flash_kda::sm90 {
 
-DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout) {
+namespace {
+
+DecodePlan direct_plan(const ProblemShape& p, int64_t sms, StateLayout layout) {
   DecodePlan plan;
+  plan.kernel = DecodeKernel::Direct;
+  const int64_t heads = p.num_seqs * p.value_heads;
+  const bool k_first = layout == StateLayout::KFirst;
+  if (k_first) {
+    plan.warps = 4;
+    plan.block_cols = kDirectBlockCols;
+  } else {
+    const int tg = p.varlen ? kDecodeVarlenGroup : int(std::clamp<int64_t>(p.seqlen, 1, kDecodeMaxTokens));
+    const int split = heads * 4 >= 2 * sms ? 4 : (heads * 8 >= 2 * sms ? 2 : 1);
+    // A warp stages one token at a time: at least 2 warps for 2 tokens, 4 for more.
+    plan.warps = std::max(split, tg >= 3 ? 4 : tg);
+    plan.block_cols = plan.warps * kDirectWarpRows;
+  }
+  plan.slices = kDecodeHeadDim / plan.block_cols;
+  plan.token_group = p.varlen ? kDecodeVarlenGroup : int(std::clamp<int64_t>(p.seqlen, 1, kDecodeMaxTokens));
+  plan.items = heads * plan.slices;
+  const int threads = plan.warps * 32;
+  const int smem = direct_smem_bytes(plan.block_cols, plan.token_group, k_first);
+  const int by_regs = kDirectMinBlocks * 128 / threads;
+  const int by_smem = kSm90SmemPerSm / (smem + kSm90SmemReservedPerBlock);
+  const int by_threads = 2048 / threads;
+  plan.blocks_per_sm = std::max(1, std::min({by_regs, by_smem, by_threads, 32}));
+  plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
+  plan.launch.block = uint32_t(threads);
+  plan.launch.smem_bytes = smem;
+  plan.launch.smem_attr = direct_smem_bytes(kDirectBlockCols, kDecodeMaxTokens, true);
+  return plan;
+}
+
+}  // namespace
+
+DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
+                            DecodeKernel kernel) {
+  const int64_t sms = std::max(1, device.num_sms);
+  // The auto rule (plan.h): the direct kernel everywhere.
+  if (kernel != DecodeKernel::Persistent) return direct_plan(p, sms, layout);
+  DecodePlan plan;
+  plan.kernel = DecodeKernel::Persistent;
   const int bytes = state_bytes == 2 ? 2 : 4;
   const int64_t heads = p.num_seqs * p.value_heads;
-  const int64_t sms = std::max(1, device.num_sms);
   // The state traffic is the same either way; 2-warp blocks only halve the block's share of
   // the staging (q, k, gate), which 4-warp blocks amortise over more columns.
   plan.warps = heads * 4 < 2 * sms ? 2 : 4;
-  plan.slices = kDecodeHeadDim / (plan.warps * kDecodeWarpCols);
+  plan.block_cols = plan.warps * kDecodeWarpCols;
+  plan.slices = kDecodeHeadDim / plan.block_cols;
   plan.token_group = p.varlen ? kDecodeVarlenGroup : int(std::clamp<int64_t>(p.seqlen, 1, kDecodeMaxTokens));
   plan.items = heads * plan.slices;
   const int threads = plan.warps * 32;
