@@ -70,11 +70,11 @@ TEST(DecodePlan, SharedMemoryFitsTheResidentBlocks) {
         EXPECT_EQ(plan.launch.smem_attr, flash_kda::sm90::decode_smem_bytes(4, 16, bytes));
         EXPECT_LE(plan.launch.smem_attr, 227 * 1024);
       }
-  // The layout of the slots: bf16 pools keep two items in flight, fp32 one.
-  EXPECT_EQ(flash_kda::sm90::decode_stages(2), 2);
-  EXPECT_EQ(flash_kda::sm90::decode_stages(4), 1);
+  // The layout of the slots: bf16 pools keep four items in flight, fp32 two.
+  EXPECT_EQ(flash_kda::sm90::decode_stages(2), 4);
+  EXPECT_EQ(flash_kda::sm90::decode_stages(4), 2);
   EXPECT_EQ(flash_kda::sm90::decode_smem_bytes(4, 1, 4),
-            flash_kda::sm90::decode_state_slot_bytes(4, 4) + 2 * flash_kda::sm90::decode_slot_bytes(4, 1));
+            2 * flash_kda::sm90::decode_state_slot_bytes(4, 4) + 3 * flash_kda::sm90::decode_slot_bytes(4, 1));
   EXPECT_EQ(flash_kda::sm90::decode_state_slot_bytes(4, 4), 16 * 1024);
   EXPECT_EQ(flash_kda::sm90::decode_state_slot_bytes(4, 2), 8 * 1024);
   EXPECT_EQ(flash_kda::sm90::decode_slot_bytes(4, 1) % 16, 0);

@@ -29,6 +29,19 @@ struct RowLayout {
   FKDA_ROW_FN int64_t offset(int64_t n, int64_t t, int64_t h) const {
     return n * seq_stride + (t - n * seq_tokens) * token_stride + h * head_stride;
   }
+
+  /// Whether these are the strides of a contiguous tensor of `heads` rows of `row_bytes` a
+  /// token: then the row of flat token t, head h is at (t * heads + h) * row_bytes whatever n.
+  FKDA_ROW_FN bool dense(int64_t heads, int64_t row_bytes) const {
+    return head_stride == row_bytes && token_stride == heads * row_bytes && seq_stride == seq_tokens * token_stride;
+  }
+
+  /// The layout of a contiguous tensor of `heads` rows of `row_bytes` a token, addressed by the
+  /// flat token alone (sequence stride 0), for kernels specialised to dense inputs: its constant
+  /// strides fold into the addressing.
+  static FKDA_ROW_FN RowLayout dense_of(int64_t heads, int64_t row_bytes) {
+    return RowLayout{0, 0, heads * row_bytes, row_bytes};
+  }
 };
 
 }  // namespace flash_kda::sm90

@@ -294,8 +294,11 @@ inline constexpr int kPrepareBlocksPerSm = kGate == GateMode::SafeSigmoid ? 7 : 
 // (h4_fixed_1024: 9.3 against 7.3 us) for the same time on the large ones (docs/performance.md).
 // kGF32: g is fp32 (else bf16), a template parameter so that the gate's loads have one path;
 // kGate: the gate mode (the safe gate's instantiations compile to its bounded form alone).
-template <bool kGF32, GateMode kGate>
+// kFlashKDA: FlashKDA's own call (PrepareParams::flashkda_call, safe gate only): its flags and
+// its dense rows are constants here, so the call costs no instruction of the other modes.
+template <bool kGF32, GateMode kGate, bool kFlashKDA = false>
 __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_kernel(const PrepareParams p) {
+  static_assert(!kFlashKDA || kGate == GateMode::SafeSigmoid, "FlashKDA's call is the safe gate's");
   __shared__ __align__(16) Smem sm;
   // The state pass is this kernel's programmatic dependent launch (plan.cpp): once every block
   // has started, i.e. in the last wave, its blocks may take the SMs this grid leaves idle and
@@ -326,16 +329,22 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   // chunk decay untouched, so the recurrence needs no masks.
   // The chunk's first token, local to its sequence (row_offset): chunk * 16 for fixed length,
   // the flat token t0 for varlen (seq_tokens = 0).
-  const uint32_t tl = static_cast<uint32_t>(p.q_rows.seq_tokens == 0 ? t0 : chunk * kChunk);
+  // FlashKDA's call: dense rows by the flat token t0 (RowLayout::dense_of), whose constant
+  // strides fold into the addressing.
+  const RowLayout q_rows = kFlashKDA ? RowLayout::dense_of(p.heads, 2 * kHeadDim) : p.q_rows;
+  const RowLayout k_rows = kFlashKDA ? RowLayout::dense_of(p.heads, 2 * kHeadDim) : p.k_rows;
+  const RowLayout g_rows = kFlashKDA ? RowLayout::dense_of(p.value_heads, (kGF32 ? 4 : 2) * kHeadDim) : p.g_rows;
+  const RowLayout beta_rows = kFlashKDA ? RowLayout::dense_of(p.value_heads, p.beta_is_f32 ? 4 : 2) : p.beta_rows;
+  const uint32_t tl = static_cast<uint32_t>(kFlashKDA || p.q_rows.seq_tokens == 0 ? t0 : chunk * kChunk);
   const uint32_t n32 = static_cast<uint32_t>(n);
-  stage_rows<__nv_bfloat16>(sm.in.q, p.q, p.q_rows, n32, tl, valid, h, c);
-  stage_rows<__nv_bfloat16>(sm.in.k, p.k, p.k_rows, n32, tl, valid, h, c);
+  stage_rows<__nv_bfloat16>(sm.in.q, p.q, q_rows, n32, tl, valid, h, c);
+  stage_rows<__nv_bfloat16>(sm.in.k, p.k, k_rows, n32, tl, valid, h, c);
   if constexpr (kGF32)
-    stage_rows<float>(sm.g32, p.g, p.g_rows, n32, tl, valid, hv, c);
+    stage_rows<float>(sm.g32, p.g, g_rows, n32, tl, valid, hv, c);
   else
-    stage_rows<__nv_bfloat16>(sm.g16, p.g, p.g_rows, n32, tl, valid, hv, c);
+    stage_rows<__nv_bfloat16>(sm.g16, p.g, g_rows, n32, tl, valid, hv, c);
   if (kGate != GateMode::PreGated && c < kHeadDim / 4) {  // 16-byte pieces (validate.cpp: tensors are 16-byte aligned)
-    if (p.dt_bias != nullptr)
+    if (kFlashKDA || p.dt_bias != nullptr)
       cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
           reinterpret_cast<const cute::uint128_t*>(p.dt_bias + hv * kHeadDim)[c],
           reinterpret_cast<cute::uint128_t*>(sm.bias)[c]);
@@ -345,12 +354,13 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   cute::cp_async_fence();
   // The remaining global loads go out while the copies are in flight.
   const int ch0 = 32 * warp;
-  const float a_log = kGate != GateMode::PreGated && p.A_log != nullptr ? p.A_log[hv] : 0.f;
+  const float a_log = kGate != GateMode::PreGated && (kFlashKDA || p.A_log != nullptr) ? p.A_log[hv] : 0.f;
   if (c < kChunk) {
     float b = 0.f;
     if (c < valid) {
-      b = load_f_at(p.beta, row_offset(p.beta_rows, n32, tl + c, hv), p.beta_is_f32);
-      if (p.beta_sigmoid) b = math::beta_sigmoid_log2(b, ptx::FastMath{}) * p.beta_mul;
+      b = load_f_at(p.beta, row_offset(beta_rows, n32, tl + c, hv), p.beta_is_f32);
+      if (kFlashKDA) b = math::beta_sigmoid_log2(b, ptx::FastMath{});
+      else if (p.beta_sigmoid) b = math::beta_sigmoid_log2(b, ptx::FastMath{}) * p.beta_mul;
     }
     sm.beta[c] = b;
   }
@@ -408,8 +418,9 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   for (int th = 0; th < 2; ++th) {
     const float4 sq = *reinterpret_cast<const float4*>(sm.sumsq[0][g + 8 * th]);
     const float4 sk = *reinterpret_cast<const float4*>(sm.sumsq[1][g + 8 * th]);
-    rq[th] = p.scale * (p.l2norm ? ptx::rsqrt((sq.x + sq.y) + (sq.z + sq.w) + float(math::kL2NormEps)) : 1.f);
-    rk[th] = p.l2norm ? ptx::rsqrt((sk.x + sk.y) + (sk.z + sk.w) + float(math::kL2NormEps)) : 1.f;
+    const bool l2norm = kFlashKDA || p.l2norm;
+    rq[th] = p.scale * (l2norm ? ptx::rsqrt((sq.x + sq.y) + (sq.z + sq.w) + float(math::kL2NormEps)) : 1.f);
+    rk[th] = l2norm ? ptx::rsqrt((sk.x + sk.y) + (sk.z + sk.w) + float(math::kL2NormEps)) : 1.f;
   }
   if (warp == 0 && t4 == 0) {  // for the normalisation and the inverse, past the next barrier
 #pragma unroll
@@ -780,10 +791,10 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   }
 }
 
-template <GateMode kGate>
+template <GateMode kGate, bool kFlashKDA = false>
 cudaError_t launch_gate(const PrepareParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
-  return p.g_is_f32 ? launch_planned<prepare_kernel<true, kGate>>(k, context_key, p, stream)
-                    : launch_planned<prepare_kernel<false, kGate>>(k, context_key, p, stream);
+  return p.g_is_f32 ? launch_planned<prepare_kernel<true, kGate, kFlashKDA>>(k, context_key, p, stream)
+                    : launch_planned<prepare_kernel<false, kGate, kFlashKDA>>(k, context_key, p, stream);
 }
 
 }  // namespace
@@ -795,7 +806,8 @@ cudaError_t launch_prepare(const PrepareParams& p, const KernelLaunch& k, uint64
     case GateMode::PreGated:
       return launch_gate<GateMode::PreGated>(p, k, context_key, stream);
     default:
-      return launch_gate<GateMode::SafeSigmoid>(p, k, context_key, stream);
+      return p.flashkda_call ? launch_gate<GateMode::SafeSigmoid, true>(p, k, context_key, stream)
+                             : launch_gate<GateMode::SafeSigmoid>(p, k, context_key, stream);
   }
 }
 
