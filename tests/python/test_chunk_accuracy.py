@@ -12,7 +12,7 @@ Frobenius error, out and final state (always asked for; fp32) at every point:
 Inputs are fresh random draws each run (seed printed on failure and in the table;
 FLASH_KDA_TEST_SEED replays one).
 
-The grid (GRID below; 39 points):
+The grid (GRID below; 40 points):
 - gate x length: every gate (safe: lower_bound -5 with A_log; softplus: A_log = log U(1, 16), fla's
   KimiDeltaAttention init; pre-computed log decay: use_gate_in_kernel=False, the softplus gate's
   decay) at every fixed length T in {1, 15, 16, 17, 100, 1024, 4096} (B = 2 up to 1024, else 1);
@@ -31,14 +31,16 @@ For HV > 4 value heads the reference runs on a spread of 4 of them (q/k heads sl
 on inputs sliced to those heads: heads never interact, so this is the same comparison at a
 fraction of the CPU cost.
 
-CPU cost: the reference is the cost. Summed over the grid it evaluates ~1.5e5 (token, value
-head) steps (every step four passes over the 128 x 128 state in fp64, ~130 kflop): about 8 s of
-one core here (~45 us a step, measured on this machine's reference build), ~20 s of wall time
-under gpu-check.sh's pytest-xdist (-n 8 on 16 cores, reference threads across (sequence, head)
-pairs), the longest point (T = 4096 x 4 sampled heads) ~1 s. Input draws (on the CPU) and fla's
-Triton compiles for the unbounded-gate path add the rest; fla's kernels of that path missing
-from fla_configs.json are pinned to one configuration here (EXTRA_FLA_CONFIGS) so that they do
-not autotune.
+CPU cost: the reference is the cost. Summed over the grid it takes ~1.5e5 (token, value head)
+steps (MAX_REFERENCE_STEPS bounds it; every step four passes over the 128 x 128 fp64 state,
+~130 kflop), ~36 us a step on one core. Measured for the whole grid on the 2-core development
+machine: the reference 7.6 s of wall time on both cores (the longest point, T = 4096 x 4 heads,
+0.8 s), the input draws (on the CPU, then copied to the GPU) 8.5 s. The reference threads over
+(sequence, head) pairs; under gpu-check.sh's pytest-xdist (-n 8 on 16 cores) both together are
+~2-3 s of wall time. fla's Triton compiles for the unbounded-gate path come on top (once per
+worker and head count); fla's kernels of that path missing from fla_configs.json are pinned to
+one configuration here (EXTRA_FLA_CONFIGS), so that they do not autotune. Estimate for the
+module on the H200 under -n 8: 30-60 s, most of it Triton compiles.
 
 The side-by-side table goes to $FLASH_KDA_REPORT_DIR/chunk-accuracy.md (when set) and to the
 terminal at the end of the module; under pytest-xdist the workers' rows are merged as in
@@ -66,6 +68,7 @@ BOUND = 1e-2            # docs/kda-spec.md: rel. Frobenius error vs the fp64 ref
 FLA_FACTOR = 1.5        # docs/kda-spec.md: ours <= 1.5 x fla's error
 FLA_SLACK = 1e-4        # absolute slack: both errors sit at the bf16 rounding floor on tiny cases
 SAMPLED_HEADS = 4       # value heads compared when HV is larger
+MAX_REFERENCE_STEPS = 200_000  # the grid's (token, value head) steps of the fp64 reference
 
 GATES = ("safe", "softplus", "none")
 LENGTHS = (1, 15, 16, 17, 100, 1024, 4096)
