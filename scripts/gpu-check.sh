@@ -8,12 +8,15 @@
 #      fla's Triton kernels for the benchmark's shapes on the other cores, then
 #      `python -m flash_kda.bench` alone on the GPU, the rest of the pytest suite and the
 #      large_memory test alone;
-#   4. prints the accuracy table and, last, a summary table (passed/failed/skipped per suite,
+#   4. prints the accuracy tables (flash_kda.fwd's grid, accuracy.md; flash_kda.chunk_kda's,
+#      chunk-accuracy.md) and, last, a summary table (passed/failed/skipped per suite,
 #      sanitizer result, benchmark headline).
 # Logs go to a temporary directory; when $OUT is set (the device tool), what comes back is kept
-# to a few files there: gpu-check-logs.tgz (every log and junit XML), accuracy.md, the
-# benchmark's results.{md,json} and chart.png, and triton-autotune.tgz (fla's autotune choices;
-# unpack it at the repository root and carry .triton-cache/ next time to skip the tuning).
+# to at most 7 files there (the tool returns 8): gpu-check-logs.tgz (every log and junit XML),
+# accuracy.md, chunk-accuracy.md, the benchmark's results.json with results.md and chart.png
+# (BENCHMARK_H200.md and .png in their place when GPU_CHECK_BENCH_ARGS=--write-record wrote
+# them: the same table and chart), and triton-autotune.tgz (fla's autotune choices; unpack it at
+# the repository root and carry .triton-cache/ next time to skip the tuning).
 # Exit status: 0 when every step passed, 1 otherwise.
 #
 # Knobs (environment): GPU_CHECK_BUDGET_S (whole-run deadline, default 560), GPU_CHECK_SKIP_BUILD=1
@@ -167,21 +170,29 @@ else
 fi
 
 # 4. Report: bring back a few files (the device tool returns at most 8), print the accuracy
-#    table, then the summary table last.
+#    tables, then the summary table last.
 if [[ -n ${OUT:-} ]]; then
   tar czf "$OUT/gpu-check-logs.tgz" -C "$LOG" . 2>/dev/null
-  for f in accuracy.md bench/results.md bench/results.json bench/chart.png; do
+  for f in accuracy.md chunk-accuracy.md bench/results.json; do
     [[ -f $LOG/$f ]] && cp "$LOG/$f" "$OUT/"
   done
+  RECORD=0
   for f in BENCHMARK_H200.md BENCHMARK_H200.png; do  # written by GPU_CHECK_BENCH_ARGS=--write-record
-    [[ -f $ROOT/$f && $ROOT/$f -nt $LOG/gpu.txt ]] && cp "$ROOT/$f" "$OUT/"
+    [[ -f $ROOT/$f && $ROOT/$f -nt $LOG/gpu.txt ]] && cp "$ROOT/$f" "$OUT/" && RECORD=1
   done
+  if ((!RECORD)); then  # the record is the same table and chart; both stay in gpu-check-logs.tgz
+    for f in bench/results.md bench/chart.png; do
+      [[ -f $LOG/$f ]] && cp "$LOG/$f" "$OUT/"
+    done
+  fi
   # fla's autotune choices from the benchmark (small JSON files; the compiled kernels are
   # tens of MB): carried back in .triton-cache/, they spare the next machine the tuning.
   (cd "$(dirname "$TRITON_CACHE_DIR")" && find "$(basename "$TRITON_CACHE_DIR")" -name '*.autotune.json' -print0 |
     tar czf "$OUT/triton-autotune.tgz" --null -T -) 2>/dev/null
 fi
-if [[ -f $LOG/accuracy.md ]]; then echo; cat "$LOG/accuracy.md"; fi
+for f in accuracy.md chunk-accuracy.md; do
+  if [[ -f $LOG/$f ]]; then echo; cat "$LOG/$f"; fi
+done
 STATUS_DUMP=$(for n in "${ORDER[@]}"; do printf '%s\t%s\t%s\n' "$n" "${STATUS[$n]}" "${SECS[$n]}"; done)
 STATUS_DUMP=$STATUS_DUMP LOG=$LOG "$PY" - <<'PYEOF'
 # Summary table: one row per step; test counts from the junit XML that ctest and pytest wrote.

@@ -19,7 +19,9 @@ class ChunkCase:
     A_log), "softplus" (no lower_bound) or "none" (g is the log decay); lens: varlen sequence
     lengths (None: fixed length B x T); state: initial_state dtype (None: no initial state);
     strided: q, k, v, g, beta as views of one fused projection; graph_pad: use_graph with this
-    many zero-length tail sequences and as many padding tokens after the last real one."""
+    many zero-length tail sequences and as many padding tokens after the last real one. Gate
+    laws: A_log = log U(*a_log_range) per value head, raw g ~ N(0, g_std^2) (the pre-computed
+    gate, "none", is the softplus gate's log decay of these)."""
 
     name: str
     gate: str = "safe"
@@ -36,6 +38,8 @@ class ChunkCase:
     allow_neg_eigval: bool = False
     graph_pad: int = 0
     k_dim: int = K
+    a_log_range: tuple = (1.0, 16.0)
+    g_std: float = 1.0
 
     @property
     def hv(self) -> int:
@@ -66,6 +70,7 @@ def make_call(case: ChunkCase, dev, seed: int | None = None):
 
     widths = [H * Kd, H * Kd, HV * V, HV * Kd, HV]
     if case.strided:
+        assert case.g_std == 1.0, "strided views draw g ~ N(0, 1)"
         # One fused projection [B, T, sum(widths) + pad] split into views: rows of q are
         # sum(widths) + pad elements apart, not H * K; the pad (unused columns, as a projection
         # sized for alignment has) keeps every row start 16-byte aligned, which the Sm90
@@ -80,14 +85,14 @@ def make_call(case: ChunkCase, dev, seed: int | None = None):
     else:
         q, k = randn(B, T, H, Kd).bfloat16().to(dev), randn(B, T, H, Kd).bfloat16().to(dev)
         v = randn(B, T, HV, V).bfloat16().to(dev)
-        g = randn(B, T, HV, Kd).bfloat16().to(dev)
+        g = randn(B, T, HV, Kd, scale=case.g_std).bfloat16().to(dev)
         beta = randn(B, T, HV).bfloat16().to(dev)
     if not case.l2norm:  # unit rows, so that the delta rule stays stable without the fused norm
         q = torch.nn.functional.normalize(q.float(), dim=-1).bfloat16()
         k = torch.nn.functional.normalize(k.float(), dim=-1).bfloat16()
     if not case.beta_sigmoid:
         beta = torch.sigmoid(beta.float()).bfloat16()
-    A_log = torch.log(torch.empty(HV).uniform_(1.0, 16.0, generator=gen)).to(dev)
+    A_log = torch.log(torch.empty(HV).uniform_(*case.a_log_range, generator=gen)).to(dev)
     dt_bias = randn(HV * Kd, scale=0.1).to(dev)  # fla's flat layout
     kw = dict(use_qk_l2norm_in_kernel=case.l2norm, use_beta_sigmoid_in_kernel=case.beta_sigmoid,
               allow_neg_eigval=case.allow_neg_eigval, state_v_first=case.state_v_first, output_final_state=True)

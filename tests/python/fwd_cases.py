@@ -368,15 +368,24 @@ def pin_fla_configs() -> int:
     configuration, so the comparison is unchanged. FLASH_KDA_TEST_FLA_AUTOTUNE=1 keeps fla's
     own autotuning. Call after importing fla.ops.kda (its kernels are module attributes)."""
     import json
-    import sys
-
-    import triton
-    from triton.runtime.autotuner import Autotuner
 
     if os.environ.get("FLASH_KDA_TEST_FLA_AUTOTUNE") == "1" or not os.path.exists(FLA_CONFIGS):
         return 0
     with open(FLA_CONFIGS) as f:
         configs = json.load(f)["kernels"]
+    return pin_fla_kernels(configs)
+
+
+def pin_fla_kernels(configs: dict, only_autotuning: bool = False) -> int:
+    """Pins each of fla's autotuned Triton kernels named in `configs` (kernel name -> {"kwargs",
+    "num_warps", "num_stages", optional "num_ctas", "maxnreg"}, fla_configs.json's form) to that
+    one configuration; with only_autotuning, only those that still have more than one (a pin
+    from fla_configs.json stays). Returns how many were pinned. Call after importing fla.ops.kda."""
+    import sys
+
+    import triton
+    from triton.runtime.autotuner import Autotuner
+
     def autotuner(obj):  # @triton.heuristics wraps many of fla's autotuners: follow .fn
         for _ in range(4):
             if isinstance(obj, Autotuner):
@@ -391,6 +400,8 @@ def pin_fla_configs() -> int:
         for obj in list(vars(module).values()):
             tuner = autotuner(obj)
             if tuner is None or id(tuner) in pinned or tuner.base_fn.__name__ not in configs:
+                continue
+            if only_autotuning and len(tuner.configs) <= 1:
                 continue
             c = configs[tuner.base_fn.__name__]
             tuner.configs = [triton.Config(c["kwargs"], num_warps=c["num_warps"], num_stages=c["num_stages"],

@@ -11,13 +11,11 @@ heads never interact, so this is the same comparison at 1/16 of the CPU cost.
 The side-by-side table goes to $FLASH_KDA_REPORT_DIR/accuracy.md (when set) and to the
 terminal at the end of the module. Under pytest-xdist every worker keeps its rows in
 accuracy-rows-<worker>.json beside it, and each worker's end of module merges all of them, so
-the last one to finish writes the whole grid. Set FLASH_KDA_REQUIRE_FLA=1 to fail, instead of skipping
+the last one to finish writes the whole grid (grid_report.py). Set FLASH_KDA_REQUIRE_FLA=1 to fail, instead of skipping
 the comparison, when fla cannot be imported (scripts/gpu-check.sh does).
 """
 from __future__ import annotations
 
-import glob
-import json
 import math
 import os
 
@@ -25,6 +23,7 @@ import pytest
 
 from fwd_cases import (Case, Sample, all_finite, base_seed, fla_skip_reason, make_inputs, reference,
                        rel_err, run_fla, run_fwd, sliced_outputs, spread_heads)
+from grid_report import GridReport, fmt_err
 
 pytestmark = pytest.mark.cuda_sm90  # conftest.py skips these without an sm_90 GPU and CUDA build
 
@@ -82,63 +81,16 @@ def _grid() -> list:
 
 
 GRID = _grid()
-_ROWS: dict = {}
-
-
-def _fmt(e) -> str:
-    return "-" if e is None else (e if isinstance(e, str) else f"{e:.2e}")
-
-
-def _table() -> str:
-    head = ("| case | tokens | H | seqs | state | lower_bound | out: ours | out: fla | "
-            "final_state: ours | final_state: fla | ours / fla (max) |")
-    lines = [f"Accuracy of flash_kda.fwd vs fla chunk_kda (Triton), relative Frobenius error against the "
-             f"fp64 reference; bound {BOUND:g} and ours <= {FLA_FACTOR} x fla + {FLA_SLACK:g}; "
-             f"seed {base_seed()}.", "", head, "|" + "---|" * 11]
-    rows = dict(_ROWS)
-    report_dir = os.environ.get("FLASH_KDA_REPORT_DIR")
-    for path in glob.glob(os.path.join(report_dir, "accuracy-rows-*.json")) if report_dir else []:
-        with open(path) as f:
-            rows.update(json.load(f))
-    for case in GRID:
-        row = rows.get(case.name)
-        if row is not None:
-            lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+REPORT = GridReport("accuracy", ("case", "tokens", "H", "seqs", "state", "lower_bound", "out: ours", "out: fla",
+                                 "final_state: ours", "final_state: fla", "ours / fla (max)"))
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _write_table(request):
     yield
-    if not _ROWS:
-        return
-    text = _table()
-    report_dir = os.environ.get("FLASH_KDA_REPORT_DIR")
-    if report_dir:
-        tmp = os.path.join(report_dir, f"accuracy.md.{_worker()}")
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, os.path.join(report_dir, "accuracy.md"))  # workers may finish together
-    capman = request.config.pluginmanager.getplugin("capturemanager")
-    if capman is not None:
-        with capman.global_and_fixture_disabled():
-            print("\n" + text)
-
-
-def _worker() -> str:
-    return os.environ.get("PYTEST_XDIST_WORKER", "main")
-
-
-def _keep_row(name: str, row: list[str]) -> None:
-    """Records a table row, and with FLASH_KDA_REPORT_DIR set also in this worker's row file."""
-    _ROWS[name] = row
-    report_dir = os.environ.get("FLASH_KDA_REPORT_DIR")
-    if report_dir:
-        os.makedirs(report_dir, exist_ok=True)
-        path = os.path.join(report_dir, f"accuracy-rows-{_worker()}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(_ROWS, f)
-        os.replace(path + ".tmp", path)
+    REPORT.finish(request, f"Accuracy of flash_kda.fwd vs fla chunk_kda (Triton), relative Frobenius error against "
+                  f"the fp64 reference; bound {BOUND:g} and ours <= {FLA_FACTOR} x fla + {FLA_SLACK:g}; "
+                  f"seed {base_seed()}.", (case.name for case in GRID))
 
 
 def _fla_errors(x, sample):
@@ -187,8 +139,9 @@ def test_accuracy_vs_reference_and_fla(case):
             ratios.append(err_s / fla_s if fla_s > 0 else math.inf)
         ratio = f"{max(ratios):.2f}"
     tokens = case.total_tokens
-    _keep_row(case.name, [case.name, str(tokens), str(case.heads), str(case.num_seqs), case.state or "none",
-                          f"{case.lower_bound:g}", _fmt(err_o), _fmt(fla_o), _fmt(err_s), _fmt(fla_s), ratio])
+    REPORT.keep(case.name, [case.name, str(tokens), str(case.heads), str(case.num_seqs), case.state or "none",
+                            f"{case.lower_bound:g}", fmt_err(err_o), fmt_err(fla_o), fmt_err(err_s), fmt_err(fla_s),
+                            ratio])
 
     assert err_o <= BOUND, f"{where}: out rel. error {err_o:.3e} > {BOUND}"
     if err_s is not None:
