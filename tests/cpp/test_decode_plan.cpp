@@ -70,11 +70,11 @@ TEST(DecodePlan, SharedMemoryFitsTheResidentBlocks) {
         EXPECT_EQ(plan.launch.smem_attr, flash_kda::sm90::decode_smem_bytes(4, 16, bytes));
         EXPECT_LE(plan.launch.smem_attr, 227 * 1024);
       }
-  // The layout of the slots: bf16 pools keep four items in flight, fp32 two.
-  EXPECT_EQ(flash_kda::sm90::decode_stages(2), 4);
-  EXPECT_EQ(flash_kda::sm90::decode_stages(4), 2);
+  // The layout of the slots: bf16 pools keep two items in flight, fp32 one.
+  EXPECT_EQ(flash_kda::sm90::decode_stages(2), 2);
+  EXPECT_EQ(flash_kda::sm90::decode_stages(4), 1);
   EXPECT_EQ(flash_kda::sm90::decode_smem_bytes(4, 1, 4),
-            2 * flash_kda::sm90::decode_state_slot_bytes(4, 4) + 3 * flash_kda::sm90::decode_slot_bytes(4, 1));
+            flash_kda::sm90::decode_state_slot_bytes(4, 4) + 2 * flash_kda::sm90::decode_slot_bytes(4, 1));
   EXPECT_EQ(flash_kda::sm90::decode_state_slot_bytes(4, 4), 16 * 1024);
   EXPECT_EQ(flash_kda::sm90::decode_state_slot_bytes(4, 2), 8 * 1024);
   EXPECT_EQ(flash_kda::sm90::decode_slot_bytes(4, 1) % 16, 0);
@@ -87,16 +87,21 @@ TEST(DecodePlan, TokenGroups) {
             flash_kda::sm90::kDecodeVarlenGroup);
 }
 
-TEST(DecodePlan, AutoTakesTheDirectKernelAndForcedKernelsAreKept) {
+TEST(DecodePlan, AutoTakesThePersistentKernelForManyOneTokenSequencesAndForcedKernelsAreKept) {
+  const int64_t edge = flash_kda::sm90::kDecodePersistentHeads;
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
     for (int bytes : {2, 4}) {
-      EXPECT_EQ(make_decode_plan(shape(1, 32, 1, false), h200(), bytes, layout).kernel, DecodeKernel::Direct);
-      EXPECT_EQ(make_decode_plan(shape(256, 32, 1, false), h200(), bytes, layout, DecodeKernel::Auto).kernel,
-                DecodeKernel::Direct);
-      EXPECT_EQ(make_decode_plan(shape(256, 32, 1, false), h200(), bytes, layout, DecodeKernel::Direct).kernel,
-                DecodeKernel::Direct);
-      EXPECT_EQ(make_decode_plan(shape(1, 32, 1, false), h200(), bytes, layout, DecodeKernel::Persistent).kernel,
-                DecodeKernel::Persistent);
+      auto kernel = [&](int64_t n, int64_t hv, int64_t t, bool varlen, DecodeKernel k = DecodeKernel::Auto) {
+        return make_decode_plan(shape(n, hv, t, varlen), h200(), bytes, layout, k).kernel;
+      };
+      EXPECT_EQ(kernel(1, 32, 1, false), DecodeKernel::Direct);
+      EXPECT_EQ(kernel(edge / 32 - 1, 32, 1, false), DecodeKernel::Direct);
+      EXPECT_EQ(kernel(edge / 32, 32, 1, false), DecodeKernel::Persistent);
+      EXPECT_EQ(kernel(1024, 96, 1, false), DecodeKernel::Persistent);
+      EXPECT_EQ(kernel(1024, 96, 2, false), DecodeKernel::Direct);  // T >= 2: direct
+      EXPECT_EQ(kernel(1024, 96, 300, true), DecodeKernel::Direct);  // varlen: direct
+      EXPECT_EQ(kernel(1024, 96, 1, false, DecodeKernel::Direct), DecodeKernel::Direct);
+      EXPECT_EQ(kernel(1, 32, 1, false, DecodeKernel::Persistent), DecodeKernel::Persistent);
     }
 }
 

@@ -14,7 +14,7 @@
 //   loop). Blocks are 4 warps (32 columns: 4 items per head) or, for small batches, 2 (16
 //   columns: 8 items per head; plan.h).
 // - Persistent grid with copies ahead: a block loops over work items (blockIdx.x, + gridDim.x,
-//   ...) and keeps the next decode_stages items (2 for fp32 pools, 4 for bf16) in flight while it
+//   ...) and keeps the next decode_stages items (1 for fp32 pools, 2 for bf16) in flight while it
 //   computes one: their state slices, their tokens' raw q, k, g, v and the gate parameters go
 //   to shared memory by cp.async, issued as soon as a slot is free. Each thread copies exactly
 //   the bytes it later reads itself (its state fragment; the warp that copies a token also

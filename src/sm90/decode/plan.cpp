@@ -43,7 +43,10 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, StateLayout layout) {
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel) {
   const int64_t sms = std::max(1, device.num_sms);
-  // The auto rule (plan.h): the direct kernel everywhere.
+  // The auto rule (plan.h): the persistent kernel for many one-token sequences, else direct.
+  if (kernel == DecodeKernel::Auto)
+    kernel = !p.varlen && p.seqlen == 1 && p.num_seqs * p.value_heads >= kDecodePersistentHeads ? DecodeKernel::Persistent
+                                                                                                 : DecodeKernel::Direct;
   if (kernel != DecodeKernel::Persistent) return direct_plan(p, sms, layout);
   DecodePlan plan;
   plan.kernel = DecodeKernel::Persistent;

@@ -16,14 +16,14 @@
 //   Little's law asks for (4.25 TB/s x ~1 us / 132 SMs), with no
 //   shared-memory round trip of the state and no pipeline prologue; the block scheduler
 //   replaces the persistent loop.
-// The auto rule (here and in plan.cpp only): direct everywhere. Where the floor is large
-// (N * HV >= ~1000 heads) the persistent kernel's reads in flight wait in its shared-memory
-// stages (~16 KB a block, 3 blocks a SM for v-first) and the direct kernel's in registers (4
-// x 16 KB a SM fp32, 4 x 8 KB bf16, every block's whole slice at once); where it is small (1 x 32 heads) both are one latency chain (slot
-// index, state load, a token, the store), which the direct kernel shortens by the smem copy
-// and by spreading the work over 512 one-warp blocks instead of 256 two-warp ones. The
-// measurements (`python -m flash_kda.bench --decode --decode-kernel auto,persistent,direct`)
-// decide whether a persistent range is kept.
+// The auto rule (here and in plan.cpp only), from one H200 sweep of both kernels (v-first,
+// graph-timed; docs/notes/2026-12-01_breadth-and-decode.md): the persistent kernel for one
+// token a sequence at fixed length once N * HV >= kDecodePersistentHeads (it is 3-15% faster
+// there: 256 x 32 fp32 359 against 396 us, 1024 x 96 bf16 2868 against 3424 us), the direct
+// kernel otherwise (up to 1.7x faster for small batches, where both are one latency chain
+// (slot index, state load, a token, the store) that the direct kernel spreads over more,
+// smaller blocks: 32 x 8 fp32 11.0 against 18.9 us; and 5-20% faster for T >= 2, whose tokens
+// the persistent kernel stages one round trip each).
 #pragma once
 
 #include <cstdint>
@@ -57,12 +57,16 @@ constexpr int decode_max_regs(StateLayout layout) { return (65536 / (128 * decod
 inline constexpr int kSm90SmemPerSm = 228 * 1024;
 inline constexpr int kSm90SmemReservedPerBlock = 1024;
 
-/// Work items whose state copies are in flight behind the one a block computes: 2 for fp32 pools
-/// (16 KB each per 4-warp block), 4 for bf16 pools (8 KB each), so that a block keeps ~32 KB of
-/// state reads in flight whatever the pool dtype, also while it computes (3 blocks a SM: ~96 KB,
-/// twice Little's ~48 KB at 4.25 TB/s and ~1.5 us of loaded latency, since a block's copies are
-/// issued in bursts). `state_bytes`: bytes per pool element (4 or 2).
-constexpr int decode_stages(int state_bytes) { return state_bytes == 2 ? 4 : 2; }
+/// Work items whose state copies are in flight behind the one a block computes: 1 for fp32 pools
+/// (16 KB per 4-warp block), 2 for bf16 pools (8 KB each), so that a block keeps ~16 KB of state
+/// reads in flight whatever the pool dtype. Twice as many (2 and 4) measured 0-4% slower on
+/// every point of the sweep (docs/notes/2026-12-01_breadth-and-decode.md): the bytes in flight
+/// are not what holds the kernel at ~1.4x of the floor. `state_bytes`: bytes per pool element
+/// (4 or 2).
+constexpr int decode_stages(int state_bytes) { return state_bytes == 2 ? 2 : 1; }
+
+/// N * HV from which the auto rule takes the persistent kernel for T = 1 (the rule above).
+inline constexpr int64_t kDecodePersistentHeads = 2048;
 
 /// Bytes of one work item's header (decode.cu's ItemHead: four int64 and four int32).
 inline constexpr int kDecodeItemHeadBytes = 48;
