@@ -311,17 +311,7 @@ __global__ void __launch_bounds__(128, decode_min_blocks(L)) decode_kernel(const
   auto store_state = [&](const ItemHead& it, int64_t dst, int col0) {
     PoolT* s = static_cast<PoolT*>(p.state_out) + dst * p.out_slot_stride + it.hv * kHeadElems;
 #pragma unroll
-    for (int c = 0; c < F::NC; ++c) {
-      uint4 w;
-      if constexpr (sizeof(PoolT) == 4) {
-        w = make_uint4(__float_as_uint(f[c][0]), __float_as_uint(f[c][1]), __float_as_uint(f[c][2]),
-                       __float_as_uint(f[c][3]));
-      } else {
-        w = make_uint4(pack_bf16(f[c][0], f[c][1]), pack_bf16(f[c][2], f[c][3]), pack_bf16(f[c][4], f[c][5]),
-                       pack_bf16(f[c][6], f[c][7]));
-      }
-      *reinterpret_cast<uint4*>(s + F::offset(c, lane, col0)) = w;
-    }
+    for (int c = 0; c < F::NC; ++c) *reinterpret_cast<uint4*>(s + F::offset(c, lane, col0)) = pack_vec<PoolT>(f[c]);
   };
   // The tokens g0 .. g0 + cnt - 1 of the current item, staged in st: the recurrence, out rows
   // and the kept states.
@@ -442,20 +432,7 @@ __global__ void __launch_bounds__(128, decode_min_blocks(L)) decode_kernel(const
     if (!it.skip && p.state_in != nullptr && (it.len > 0 || p.state_out != nullptr)) {
       const uint4* sb = state_slot(j);
 #pragma unroll
-      for (int c = 0; c < F::NC; ++c) {
-        const uint4 r = sb[c * threads + tid];
-        if constexpr (sizeof(PoolT) == 4) {
-          f[c][0] = __uint_as_float(r.x), f[c][1] = __uint_as_float(r.y);
-          f[c][2] = __uint_as_float(r.z), f[c][3] = __uint_as_float(r.w);
-        } else {
-          const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const float2 t = unpack_bf16(w[x]);
-            f[c][2 * x] = t.x, f[c][2 * x + 1] = t.y;
-          }
-        }
-      }
+      for (int c = 0; c < F::NC; ++c) unpack_vec<PoolT>(sb[c * threads + tid], f[c]);
     } else {
 #pragma unroll
       for (int c = 0; c < F::NC; ++c)

@@ -168,35 +168,13 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks) direct_kernel(const Dec
     float f[NR][E];
     auto unpack = [&]() {
 #pragma unroll
-      for (int c = 0; c < NR; ++c) {
-        if constexpr (sizeof(PoolT) == 4) {
-          f[c][0] = __uint_as_float(raw[c].x), f[c][1] = __uint_as_float(raw[c].y);
-          f[c][2] = __uint_as_float(raw[c].z), f[c][3] = __uint_as_float(raw[c].w);
-        } else {
-          const uint32_t x[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float2 t = unpack_bf16(x[i]);
-            f[c][2 * i] = t.x, f[c][2 * i + 1] = t.y;
-          }
-        }
-      }
+      for (int c = 0; c < NR; ++c) unpack_vec<PoolT>(raw[c], f[c]);
     };
     // The lane's vectors of the current state to pool slot (or final_state row) dst.
     auto store_state = [&](int64_t dst) {
       PoolT* s = static_cast<PoolT*>(p.state_out) + dst * p.out_slot_stride + hv * kHeadElems;
 #pragma unroll
-      for (int c = 0; c < NR; ++c) {
-        uint4 x;
-        if constexpr (sizeof(PoolT) == 4) {
-          x = make_uint4(__float_as_uint(f[c][0]), __float_as_uint(f[c][1]), __float_as_uint(f[c][2]),
-                         __float_as_uint(f[c][3]));
-        } else {
-          x = make_uint4(pack_bf16(f[c][0], f[c][1]), pack_bf16(f[c][2], f[c][3]), pack_bf16(f[c][4], f[c][5]),
-                         pack_bf16(f[c][6], f[c][7]));
-        }
-        *reinterpret_cast<uint4*>(s + F::offset(c, warp, lane, col0)) = x;
-      }
+      for (int c = 0; c < NR; ++c) *reinterpret_cast<uint4*>(s + F::offset(c, warp, lane, col0)) = pack_vec<PoolT>(f[c]);
     };
 
     if (len == 0) {

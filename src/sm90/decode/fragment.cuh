@@ -1,17 +1,45 @@
 // The per-lane state fragment of the sm_90a decode kernel and the warp reductions over K that
-// it needs (decode.cu's header comment says why this split). Device code, included by decode.cu
-// only.
+// it needs (decode.cu's header comment says why this split), and the 16-byte vectors of the
+// pool's dtype both decode kernels load and store. Device code, included by decode.cu and
+// direct.cu.
 #pragma once
 
 #include <cstdint>
 
 #include "flash_kda/forward.h"
+#include "sm90/common/bf16.cuh"
 #include "sm90/decode/plan.h"
 
 namespace flash_kda::sm90::decode_detail {
 
 constexpr int kD = kDecodeHeadDim;
 constexpr int kWarpCols = kDecodeWarpCols;
+
+/// A 16-byte vector of pool elements (4 fp32 or 8 bf16) as fp32 values: the math is fp32
+/// whatever the pool's dtype.
+template <typename PoolT>
+__device__ __forceinline__ void unpack_vec(const uint4& r, float (&v)[16 / sizeof(PoolT)]) {
+  if constexpr (sizeof(PoolT) == 4) {
+    v[0] = __uint_as_float(r.x), v[1] = __uint_as_float(r.y);
+    v[2] = __uint_as_float(r.z), v[3] = __uint_as_float(r.w);
+  } else {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 t = unpack_bf16(w[i]);
+      v[2 * i] = t.x, v[2 * i + 1] = t.y;
+    }
+  }
+}
+
+/// fp32 values as a 16-byte vector of pool elements (bf16: rounded to nearest even).
+template <typename PoolT>
+__device__ __forceinline__ uint4 pack_vec(const float (&v)[16 / sizeof(PoolT)]) {
+  if constexpr (sizeof(PoolT) == 4)
+    return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+  else
+    return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+}
 
 /// The lane's piece of its warp's 128 x 8 state slice (the layouts: decode.cu's header comment).
 template <StateLayout L, typename PoolT>
