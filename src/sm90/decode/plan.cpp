@@ -7,6 +7,18 @@ namespace flash_kda::sm90 {
 
 namespace {
 
+// Tokens staged per round: all T (<= 16) for fixed length, kDecodeVarlenGroup for varlen.
+int token_group(const ProblemShape& p) {
+  return p.varlen ? kDecodeVarlenGroup : int(std::clamp<int64_t>(p.seqlen, 1, kDecodeMaxTokens));
+}
+
+// Resident blocks a SM of `threads` threads and `smem` bytes of shared memory each, with
+// `by_regs` blocks allowed by the registers.
+int blocks_per_sm(int threads, int smem, int by_regs) {
+  const int by_smem = kSm90SmemPerSm / (smem + kSm90SmemReservedPerBlock);
+  return std::max(1, std::min({by_regs, by_smem, 2048 / threads, 32}));
+}
+
 DecodePlan direct_plan(const ProblemShape& p, int64_t sms, StateLayout layout) {
   DecodePlan plan;
   plan.kernel = DecodeKernel::Direct;
@@ -16,21 +28,18 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, StateLayout layout) {
     plan.warps = 4;
     plan.block_cols = kDirectBlockCols;
   } else {
-    const int tg = p.varlen ? kDecodeVarlenGroup : int(std::clamp<int64_t>(p.seqlen, 1, kDecodeMaxTokens));
+    const int tg = token_group(p);
     const int split = heads * 4 >= 2 * sms ? 4 : (heads * 8 >= 2 * sms ? 2 : 1);
     // A warp stages one token at a time: at least 2 warps for 2 tokens, 4 for more.
     plan.warps = std::max(split, tg >= 3 ? 4 : tg);
     plan.block_cols = plan.warps * kDirectWarpRows;
   }
   plan.slices = kDecodeHeadDim / plan.block_cols;
-  plan.token_group = p.varlen ? kDecodeVarlenGroup : int(std::clamp<int64_t>(p.seqlen, 1, kDecodeMaxTokens));
+  plan.token_group = token_group(p);
   plan.items = heads * plan.slices;
   const int threads = plan.warps * 32;
   const int smem = direct_smem_bytes(plan.block_cols, plan.token_group, k_first);
-  const int by_regs = kDirectMinBlocks * 128 / threads;
-  const int by_smem = kSm90SmemPerSm / (smem + kSm90SmemReservedPerBlock);
-  const int by_threads = 2048 / threads;
-  plan.blocks_per_sm = std::max(1, std::min({by_regs, by_smem, by_threads, 32}));
+  plan.blocks_per_sm = blocks_per_sm(threads, smem, kDirectMinBlocks * 128 / threads);
   plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
   plan.launch.block = uint32_t(threads);
   plan.launch.smem_bytes = smem;
@@ -57,14 +66,11 @@ DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, in
   plan.warps = heads * 4 < 2 * sms ? 2 : 4;
   plan.block_cols = plan.warps * kDecodeWarpCols;
   plan.slices = kDecodeHeadDim / plan.block_cols;
-  plan.token_group = p.varlen ? kDecodeVarlenGroup : int(std::clamp<int64_t>(p.seqlen, 1, kDecodeMaxTokens));
+  plan.token_group = token_group(p);
   plan.items = heads * plan.slices;
   const int threads = plan.warps * 32;
   const int smem = decode_smem_bytes(plan.warps, plan.token_group, bytes);
-  const int by_regs = 65536 / (decode_max_regs(layout) * threads);
-  const int by_smem = kSm90SmemPerSm / (smem + kSm90SmemReservedPerBlock);
-  const int by_threads = 2048 / threads;
-  plan.blocks_per_sm = std::max(1, std::min({by_regs, by_smem, by_threads, 32}));
+  plan.blocks_per_sm = blocks_per_sm(threads, smem, 65536 / (decode_max_regs(layout) * threads));
   plan.launch.grid_x = uint32_t(std::max<int64_t>(1, std::min<int64_t>(plan.items, sms * plan.blocks_per_sm)));
   plan.launch.block = uint32_t(threads);
   plan.launch.smem_bytes = smem;
