@@ -51,6 +51,15 @@ def test_rows_values():
     assert custom["anchor FlashKDA ms"] == "-" and custom["seqs"] == "2" and custom["flash_kda ms"] == "0.0200"
 
 
+def test_rows_show_the_host_time_per_eager_call_when_measured():
+    r = fake_results()
+    r["cases"][0]["host_us"] = {"flash_kda": 23.44}
+    first, second = (dict(zip(report.COLUMNS, row)) for row in report.rows(r))
+    assert first["flash_kda host us"] == "23.4"
+    assert second["flash_kda host us"] == "-"  # not measured (records from before the column)
+    assert report.COLUMNS.index("flash_kda host us") == report.COLUMNS.index("flash_kda graph ms") + 1
+
+
 def test_rows_without_fla_and_failing_check():
     row = dict(zip(report.COLUMNS, report.rows(fake_results(with_fla=False, failing=True))[0]))
     assert row["fla ms"] == "-" and row["speedup vs fla"] == "-"

@@ -6,7 +6,8 @@ Pure Python on the dict run_suite returns (no torch), so tests can feed fake res
    a run is going or after it was stopped),
    "cases": [{"case": Case.to_dict(), "floor_ms", "floor_bytes", "anchor": {flash_kda_ms,
               fla_ms, floor_ms} | None, "times": {"flash_kda"|"fla": {"eager"|"graph":
-              {median, min, max, n}}}, "check": check_case dict | None, "errors": {what: msg}}],
+              {median, min, max, n}}}, "host_us": {"flash_kda": us per eager call} | absent,
+              "check": check_case dict | None, "errors": {what: msg}}],
    "layer": layer result | absent,
    "decode": [{"case": DecodeCase.to_dict() (name, num_seqs, heads, T, state, pool_slots, indices),
                "floor_ms", "floor_bytes", "times": as the cases', "check": {out_err, state_err,
@@ -26,7 +27,7 @@ from . import check
 from .decode import GRAPH_CALLS
 
 COLUMNS = [
-    "case", "T total", "H", "seqs", "flash_kda ms", "x floor", "flash_kda graph ms",
+    "case", "T total", "H", "seqs", "flash_kda ms", "x floor", "flash_kda graph ms", "flash_kda host us",
     "fla ms", "fla graph ms", "speedup vs fla", "floor ms",
     "anchor FlashKDA ms", "anchor fla ms", "check",
 ]
@@ -165,7 +166,9 @@ def check_label(r: dict, keys: tuple[str, ...] = ("out_err",)) -> str:
 def rows(results: dict) -> list[list[str]]:
     """One row of strings per case, in COLUMNS order.
 
-    "x floor": our eager median / floor. "speedup vs fla": fla eager / ours eager, and graph
+    "x floor": our eager median / floor. "flash_kda host us": host microseconds per eager call
+    (timing.host_us_per_call: an eager median near it is host-bound, not the kernels'; "-" for
+    records written before it was measured). "speedup vs fla": fla eager / ours eager, and graph
     vs graph after a slash when both graphs ran.
     """
     out = []
@@ -179,7 +182,7 @@ def rows(results: dict) -> list[list[str]]:
         a = r.get("anchor") or {}
         out.append([
             c["name"], str(c["T_total"]), str(c["heads"]), str(c["num_seqs"]),
-            _ms(ours_e), _ratio(ours_e, r["floor_ms"]), _ms(ours_g),
+            _ms(ours_e), _ratio(ours_e, r["floor_ms"]), _ms(ours_g), _host_us(r, "flash_kda"),
             _ms(fla_e), _ms(fla_g), speed, _ms(r["floor_ms"]),
             _ms(a.get("flash_kda_ms")), _ms(a.get("fla_ms")), check_label(r),
         ])

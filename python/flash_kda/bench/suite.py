@@ -8,6 +8,10 @@ import contextlib
 
 from . import anchors, cases as cases_mod, check, impls, inputs, timing
 
+#: Back-to-back eager calls whose wall-clock time gives a case's host time per call: well below
+#: the launch queue's depth, so that a device-bound call does not make the host wait.
+HOST_CALLS = 100
+
 
 def progress(msg: str) -> None:
     """One progress line on stderr (the table goes to stdout)."""
@@ -99,6 +103,10 @@ def run_case(case: cases_mod.Case, args, copy_bw: float, use_fla: bool) -> dict:
             progress(f"{case.name}: timing flash_kda")
             result["times"]["flash_kda"], errs = _timed("flash_kda", ours, args)
             result["errors"].update(errs)
+            try:  # what an eager call costs the host: beside the eager time, says if it is host-bound
+                result["host_us"] = {"flash_kda": timing.host_us_per_call(ours, HOST_CALLS)}
+            except Exception as e:
+                result["errors"]["flash_kda host"] = f"{type(e).__name__}: {e}"
         if fla_call is not None:
             progress(f"{case.name}: timing fla chunk_kda (Triton)")
             result["times"]["fla"], errs = _timed("fla", fla_call, args)
