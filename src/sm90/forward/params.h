@@ -43,7 +43,7 @@ struct PrepareParams {
   float beta_mul;         // 2 with allow_neg_eigval, else 1
   // FlashKDA's own call: the safe gate with A_log and dt_bias, the L2 norm, b = sigmoid(beta),
   // and q, k, g, beta dense (RowLayout::dense). Its kernel has those fixed at compile time, so
-  // its addressing and flags cost what they did before the other modes existed.
+  // the most common call pays no instruction for the other modes' strides and flags.
   bool flashkda_call;
   SeqIndex seqs;
   int heads, value_heads;  // H, HV
