@@ -59,6 +59,18 @@ def cuda_sm90():
     return torch.device("cuda", index)
 
 
+@pytest.fixture
+def kernels_built():
+    """Skips the test (with the reason) when this flash_kda build has no CUDA kernels
+    (FLASH_KDA_CUDA=OFF): the C++ validation for the GPU then refuses every call by that reason
+    alone, so the GPU's validation rules cannot be tested. No GPU is needed otherwise."""
+    from flash_kda import _core
+
+    if not _core.built_with_cuda:
+        pytest.skip("this flash_kda build has no CUDA kernels (FLASH_KDA_CUDA=OFF): the sm_90 validation "
+                    "refuses every call before its other rules")
+
+
 @pytest.fixture(scope="session")
 def _sm_partition(request):
     """With --num-sms N: the green context of N SMs the GPU tests run on (bench/partition.py)."""

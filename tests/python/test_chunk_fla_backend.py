@@ -214,7 +214,7 @@ def gpu(monkeypatch):
     monkeypatch.setattr(_fla_chunk, "_sm90", lambda device: True)
 
 
-def test_verifier_accepts_flashkdas_call(gpu):
+def test_verifier_accepts_flashkdas_call(gpu, kernels_built):
     args, kw = _fla_call()
     assert _fla_chunk.verify_call(*args, **kw) == (True, None)
     assert _fla_chunk.verify_call(*args, **{**kw, "output_final_state": False, "initial_state": None}) == (True, None)
@@ -240,7 +240,7 @@ def test_verifier_declines_with_the_reason(gpu, change, reason):
     assert not accepted and reason in why, why
 
 
-def test_verifier_declines_grad_while_torch_tracks_it(gpu, monkeypatch):
+def test_verifier_declines_grad_while_torch_tracks_it(gpu, monkeypatch, kernels_built):
     args, kw = _fla_call(v=T(B, L, H, K, requires_grad=True))
     monkeypatch.setattr(_fla, "_grad_enabled", lambda: True)
     accepted, why = _fla_chunk.verify_call(*args, **kw)

@@ -149,7 +149,7 @@ def test_use_graph_takes_padded_cu_seqlens_without_its_host_copy():
     assert plan(q=T(1, L, H, K), cu_seqlens=cu, cu_seqlens_cpu=host).inputs["cu_seqlens_cpu"] is host
 
 
-def test_validation_accepts_flashkdas_call_and_returns_its_sizes():
+def test_validation_accepts_flashkdas_call_and_returns_its_sizes(kernels_built):
     assert _chunk.validate_call(plan())[:8] == (B, L, B, H, H, K, K, False)
     assert _chunk.validate_call(plan(output_final_state=False, initial_state=None))[2] == B
 

@@ -38,7 +38,7 @@ def _call(**change):
     return tuple(t.get(n) for n in _core.forward_tensors)
 
 
-def test_flashkda_call_validates_and_returns_its_sizes():
+def test_flashkda_call_validates_and_returns_its_sizes(kernels_built):
     sizes = _core.validate_forward_raw(_call(), *SAFE)
     assert sizes[:8] == (B, T, B, H, H, K, K, False)
     assert sizes[8] == pytest.approx(K ** -0.5)
@@ -72,7 +72,7 @@ def test_tensors_are_checked_by_name(change, argument):
     assert e.value.argument == argument, str(e.value)
 
 
-def test_launch_options_are_checked():
+def test_launch_options_are_checked(kernels_built):
     with pytest.raises(flash_kda.Error) as e:
         _core.validate_forward_raw(_call(), *SAFE, (0, 0, 0, 5))
     assert e.value.argument == "launch_options.recurrence_warps"
