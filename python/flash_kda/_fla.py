@@ -145,13 +145,23 @@ def decode_call(*args, **kwargs):
     function instead; nothing was written by the rejected call."""
     import flash_kda
 
+    return run_or_hand_back(flash_kda.fused_recurrent_kda_fwd, _fla_triton_function, "decode", logger, args, kwargs)
+
+
+def run_or_hand_back(call, fla_fallback, what: str, log: logging.Logger, args: tuple, kwargs: dict):
+    """call(*args, **kwargs); when it raises flash_kda.Error (a rejected call writes nothing),
+    fla's own function (fla_fallback(), or None to re-raise) on the same arguments instead,
+    logged on `log`. While that runs, flash_kda's backends decline fla's dispatch (verify_call
+    reads the flag), so the handed-back call cannot come back here."""
+    import flash_kda
+
     try:
-        return flash_kda.fused_recurrent_kda_fwd(*args, **kwargs)
+        return call(*args, **kwargs)
     except flash_kda.Error as err:
-        fallback = _fla_triton_function()
+        fallback = fla_fallback()
         if fallback is None:
             raise
-        logger.info("flash_kda decode handed a call back to fla: %s", err)
+        log.info("flash_kda %s handed a call back to fla: %s", what, err)
         _local.fallback = True
         try:
             return fallback(*args, **kwargs)

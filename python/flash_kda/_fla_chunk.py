@@ -95,14 +95,7 @@ def chunk_call(*args, **kwargs):
     it runs fla's own Triton function instead; nothing was written by the rejected call."""
     import flash_kda
 
-    try:
-        return flash_kda.chunk_kda(*args, **kwargs)
-    except flash_kda.Error as err:
-        fallback = _fla_triton_function()
-        if fallback is None:
-            raise
-        logger.info("flash_kda chunk_kda handed a call back to fla: %s", err)
-        return fallback(*args, **kwargs)
+    return _fla.run_or_hand_back(flash_kda.chunk_kda, _fla_triton_function, "chunk_kda", logger, args, kwargs)
 
 
 def _fla_triton_function():

@@ -121,7 +121,6 @@ def traced_chunk_kda(plan):
     return out, final_state
 
 
-
 @torch.library.custom_op(OP_NAME, mutates_args=("out", "initial_state", "final_state"))
 def fused_recurrent_kda_fwd_op(
     q: torch.Tensor,
