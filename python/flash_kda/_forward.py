@@ -299,21 +299,29 @@ def _raw_descriptions(tensors, torch) -> tuple | None:
     Why: importing a torch tensor through DLPack runs torch's Python __dlpack__ (~5 us); a
     dozen of them would make flash_kda.fwd's host time ~60 us a call, more than the whole GPU
     time of small problems."""
-    if not _DTYPE_CODES:
-        for name, code in _core.dtype_codes.items():
-            _DTYPE_CODES[getattr(torch, name)] = code
+    codes = _DTYPE_CODES or _fill_dtype_codes(torch)
+    tensor_type = torch.Tensor
     raw = []
     for t in tensors:
         if t is None:
             raw.append(None)
             continue
-        if not isinstance(t, torch.Tensor) or not (t.is_cuda or t.device.type == "cpu"):
+        # is_cpu, not device.type == "cpu": the same test without building a torch.device.
+        if not isinstance(t, tensor_type) or not (t.is_cuda or t.is_cpu):
             return None
-        code = _DTYPE_CODES.get(t.dtype)
+        dtype = t.dtype
+        code = codes.get(dtype)
         if code is None:
-            code = str(t.dtype).removeprefix("torch.")
+            code = str(dtype).removeprefix("torch.")
         raw.append((t.data_ptr(), code, t.shape, t.stride(), t.get_device()))  # torch.Size is a tuple
     return tuple(raw)
+
+
+def _fill_dtype_codes(torch) -> dict:
+    """_DTYPE_CODES filled from _core.dtype_codes (once)."""
+    for name, code in _core.dtype_codes.items():
+        _DTYPE_CODES[getattr(torch, name)] = code
+    return _DTYPE_CODES
 
 
 def _current_raw_stream(torch, device) -> int:
@@ -331,6 +339,8 @@ def _current_raw_stream(torch, device) -> int:
 def _real(argument: str, value) -> float:
     """float(value) for a real number (int, float, numpy scalar; not bool or str), else a
     flash_kda.Error naming `argument`."""
+    if type(value) is float:  # the usual call: no numbers.Real (an ABC) test
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise _error(argument, f"expected a real number, got {type(value).__name__} {value!r}")
     return float(value)
