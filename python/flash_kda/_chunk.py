@@ -70,6 +70,21 @@ def _flag(name: str, value: Any) -> bool:
     raise _error(name, f"expected a bool, got {type(value).__name__} {value!r}")
 
 
+#: chunk_kda's bool arguments, in the order _flags checks them (the first bad one is named).
+_FLAGS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
+          "allow_neg_eigval", "safe_gate", "disable_recompute", "return_intermediate_states", "state_v_first",
+          "use_graph")
+_BOOL_ONLY = {bool}
+
+
+def _flags(values: tuple) -> tuple:
+    """values (one per name of _FLAGS) as Python bools; the first that is neither a bool nor a
+    numpy bool is a flash_kda.Error naming it."""
+    if set(map(type, values)) == _BOOL_ONLY:  # the usual call: one type test for all ten
+        return values
+    return tuple(_flag(n, x) for n, x in zip(_FLAGS, values))
+
+
 def _dims(x: Any) -> tuple:
     shape = getattr(x, "shape", None)
     return tuple(shape) if shape is not None else ()
@@ -86,13 +101,10 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
         if name not in _KWARGS:
             raise _error(name, "is not a keyword of chunk_kda (fla 0.6.0's chunk_kda reads only "
                          "A_log, dt_bias, chunk_size and the deprecated transpose_state_layout)")
-    flags = {n: _flag(n, x) for n, x in (
-        ("output_final_state", output_final_state), ("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel),
-        ("use_gate_in_kernel", use_gate_in_kernel), ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-        ("allow_neg_eigval", allow_neg_eigval), ("safe_gate", safe_gate), ("disable_recompute", disable_recompute),
-        ("return_intermediate_states", return_intermediate_states), ("state_v_first", state_v_first),
-        ("use_graph", use_graph))}
-    v_first = flags["state_v_first"]
+    (output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+     safe_gate, _, return_intermediate_states, v_first, use_graph) = _flags((
+        output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+        allow_neg_eigval, safe_gate, disable_recompute, return_intermediate_states, state_v_first, use_graph))
     if "transpose_state_layout" in kwargs:  # fla 0.6.0's deprecated name of state_v_first
         if v_first:
             raise _error("transpose_state_layout", "cannot be given with state_v_first (its new name)")
@@ -122,23 +134,27 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
         if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every <= 0 or every % 16:
             raise _error("intermediate_state_every", f"expected a positive multiple of 16 (tokens between the "
                          f"states returned), got {every!r}")
-        if flags["return_intermediate_states"]:
+        if return_intermediate_states:
             raise _error("intermediate_state_every", "cannot be given with return_intermediate_states (fla's "
                          "form of the states every chunk_size tokens); pick one")
         intermediate = ("every", int(every), False)
-    elif flags["return_intermediate_states"]:
+    elif return_intermediate_states:
         intermediate = ("fla", int(chunk_size), True)
-    if intermediate is not None and flags["use_graph"]:
+    if intermediate is not None and use_graph:
         raise _error("use_graph", "intermediate states need the sequence lengths on the host, which fla's graph "
                      "mode does not give (cu_seqlens padded per replay); pass use_graph=False, or use fla's chunk_kda")
     # disable_recompute decides what fla saves for its backward; a forward-only call saves nothing.
 
     num_seqs = -1
-    if cu_seqlens is not None and len(_dims(cu_seqlens)) == 1:
-        num_seqs = int(_dims(cu_seqlens)[0]) - 1
-    elif cu_seqlens is None and len(_dims(q)) == 4:
-        num_seqs = int(_dims(q)[0])
-    if flags["use_graph"] and cu_seqlens is not None:
+    if cu_seqlens is not None:
+        dims = _dims(cu_seqlens)
+        if len(dims) == 1:
+            num_seqs = int(dims[0]) - 1
+    else:
+        dims = _dims(q)
+        if len(dims) == 4:
+            num_seqs = int(dims[0])
+    if use_graph and cu_seqlens is not None:
         # fla's graph mode: cu_seqlens padded with zero-length tail sequences to max_num_seqs + 1
         # entries (initial_state [max_num_seqs, ...]); rows past the last real token are left
         # unwritten, as fla leaves them undefined. The host copy describes one replay only and
@@ -152,7 +168,7 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
                              f"got {num_seqs + 1}")
         tensors["cu_seqlens_cpu"] = None
 
-    if not flags["use_gate_in_kernel"]:
+    if not use_gate_in_kernel:
         gate, bound = "none", -5.0
         tensors["A_log"] = tensors["dt_bias"] = None  # fla ignores them with a pre-computed gate
     elif lower_bound is not None:
@@ -161,20 +177,20 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
         if tensors["A_log"] is None:
             raise _error("A_log", "is required when use_gate_in_kernel=True and lower_bound is not set (the "
                          "softplus gate -exp(A_log) * softplus(g + dt_bias)); pass A_log=... or a lower_bound")
-        if flags["safe_gate"]:
+        if safe_gate:
             raise _error("lower_bound", "is required when safe_gate=True and use_gate_in_kernel=True")
         gate, bound = "softplus", -5.0
     if scale is not None:
         scale = _real("scale", scale)
-    settings = (scale, bound, gate, "v_first" if v_first else "k_first", flags["use_qk_l2norm_in_kernel"],
-                flags["use_beta_sigmoid_in_kernel"], flags["allow_neg_eigval"])
-    return Plan({n: t for n, t in tensors.items() if t is not None}, settings, flags["output_final_state"],
+    settings = (scale, bound, gate, "v_first" if v_first else "k_first", use_qk_l2norm_in_kernel,
+                use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    return Plan({n: t for n, t in tensors.items() if t is not None}, settings, output_final_state,
                 num_seqs, intermediate)
 
 
 def ordered(named: dict) -> tuple:
     """The call's tensors in the call table's order (None where absent)."""
-    return tuple(named.get(name) for name in FORWARD_TENSORS)
+    return tuple(map(named.get, FORWARD_TENSORS))
 
 
 def output_shapes(plan: Plan) -> tuple[tuple, tuple | None] | None:
@@ -185,7 +201,7 @@ def output_shapes(plan: Plan) -> tuple[tuple, tuple | None] | None:
     dq, dv = _dims(q), _dims(v)
     if len(dq) != 4 or len(dv) != 4:
         return None
-    out = tuple(int(d) for d in dv)
+    out = tuple(map(int, dv))
     if not plan.output_final_state:
         return out, None
     kd, vd = int(dq[3]), int(dv[3])
@@ -367,15 +383,16 @@ def new_outputs(plan: Plan, torch):
     """(out, final_state or None), uninitialised: out like v in q's dtype, the final state fp32
     (fla's). A malformed q or v gets an out of v's shape (or a 1-element stand-in) so that the
     C++ validation names the bad tensor."""
-    q, v = plan.inputs.get("q"), plan.inputs.get("v")
+    q = plan.inputs.get("q")
     if not isinstance(q, torch.Tensor):
         raise _error("q", f"expected a torch tensor [B, T, H, K], got {type(q).__name__}")
     shapes = output_shapes(plan)
-    out_shape = shapes[0] if shapes is not None else tuple(_dims(v)) or (1,)
-    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    out_shape = shapes[0] if shapes is not None else tuple(_dims(plan.inputs.get("v"))) or (1,)
+    device = q.device
+    out = torch.empty(out_shape, dtype=q.dtype, device=device)
     final_state = None
     if shapes is not None and shapes[1] is not None:
-        final_state = torch.empty(shapes[1], dtype=torch.float32, device=q.device)
+        final_state = torch.empty(shapes[1], dtype=torch.float32, device=device)
     return out, final_state
 
 

@@ -221,8 +221,8 @@ def fwd(
         if (check_cu_seqlens or _CHECK_CU_SEQLENS_ENV) and isinstance(cu_seqlens, torch.Tensor) \
                 and cu_seqlens_cpu is None:
             cu_seqlens_cpu = cu_seqlens.cpu()  # the device values themselves: one copy and a sync
-    device = getattr(q, "device", None)
-    if getattr(device, "type", None) == "cuda":
+    device = _cuda_device(q, torch)
+    if device is not None:
         stream = _current_raw_stream(torch, device)
 
         def alloc(nbytes: int) -> torch.Tensor:
@@ -235,7 +235,8 @@ def fwd(
         def alloc(nbytes: int) -> torch.Tensor:
             return torch.empty(nbytes, dtype=torch.uint8)
 
-    if isinstance(intermediate_every, bool) or not isinstance(intermediate_every, numbers.Integral):
+    if type(intermediate_every) is not int and (isinstance(intermediate_every, bool)
+                                                or not isinstance(intermediate_every, numbers.Integral)):
         raise _error("intermediate_every", "expected an int (a positive multiple of 16 with intermediate_states), got "
                      f"{type(intermediate_every).__name__}")
     if not -(1 << 63) <= intermediate_every < (1 << 63):
@@ -268,10 +269,11 @@ def launch(tensors: tuple, settings: tuple, options: tuple | None, torch) -> Non
     _core.forward takes them; options: LaunchOptions._fields or None. Raises flash_kda.Error
     before anything is written."""
     q = tensors[0]
-    device = getattr(q, "device", None)
-    if getattr(device, "type", None) == "cuda":
+    device = _cuda_device(q, torch)
+    if device is not None:
         stream = _current_raw_stream(torch, device)
     else:
+        device = getattr(q, "device", None)
         stream = 0  # the C++ validation rejects a host q by name before using the stream
 
     def alloc(nbytes: int):
@@ -299,21 +301,38 @@ def _raw_descriptions(tensors, torch) -> tuple | None:
     Why: importing a torch tensor through DLPack runs torch's Python __dlpack__ (~5 us); a
     dozen of them would make flash_kda.fwd's host time ~60 us a call, more than the whole GPU
     time of small problems."""
-    if not _DTYPE_CODES:
-        for name, code in _core.dtype_codes.items():
-            _DTYPE_CODES[getattr(torch, name)] = code
+    codes = _DTYPE_CODES or _fill_dtype_codes(torch)
+    tensor_type = torch.Tensor
     raw = []
     for t in tensors:
         if t is None:
             raw.append(None)
             continue
-        if not isinstance(t, torch.Tensor) or not (t.is_cuda or t.device.type == "cpu"):
+        # is_cpu, not device.type == "cpu": the same test without building a torch.device.
+        if not isinstance(t, tensor_type) or not (t.is_cuda or t.is_cpu):
             return None
-        code = _DTYPE_CODES.get(t.dtype)
+        dtype = t.dtype
+        code = codes.get(dtype)
         if code is None:
-            code = str(t.dtype).removeprefix("torch.")
+            code = str(dtype).removeprefix("torch.")
         raw.append((t.data_ptr(), code, t.shape, t.stride(), t.get_device()))  # torch.Size is a tuple
     return tuple(raw)
+
+
+def _fill_dtype_codes(torch) -> dict:
+    """_DTYPE_CODES filled from _core.dtype_codes (once)."""
+    for name, code in _core.dtype_codes.items():
+        _DTYPE_CODES[getattr(torch, name)] = code
+    return _DTYPE_CODES
+
+
+def _cuda_device(q, torch):
+    """q.device when it is a CUDA device, else None. A torch tensor answers with is_cuda, which
+    builds no torch.device; anything else is asked for device.type."""
+    if isinstance(q, torch.Tensor):
+        return q.device if q.is_cuda else None
+    device = getattr(q, "device", None)
+    return device if getattr(device, "type", None) == "cuda" else None
 
 
 def _current_raw_stream(torch, device) -> int:
@@ -331,6 +350,8 @@ def _current_raw_stream(torch, device) -> int:
 def _real(argument: str, value) -> float:
     """float(value) for a real number (int, float, numpy scalar; not bool or str), else a
     flash_kda.Error naming `argument`."""
+    if type(value) is float:  # the usual call: no numbers.Real (an ABC) test
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise _error(argument, f"expected a real number, got {type(value).__name__} {value!r}")
     return float(value)
