@@ -2,6 +2,8 @@
 // memory for small and large batches, fixed length and varlen, both pool dtypes and layouts.
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #if FLASH_KDA_WITH_CUDA
 #include "sm90/decode/plan.h"
 
@@ -87,21 +89,18 @@ TEST(DecodePlan, TokenGroups) {
             flash_kda::sm90::kDecodeVarlenGroup);
 }
 
-TEST(DecodePlan, AutoTakesThePersistentKernelForManyOneTokenSequencesAndForcedKernelsAreKept) {
-  const int64_t edge = flash_kda::sm90::kDecodePersistentHeads;
+TEST(DecodePlan, AutoTakesTheDirectKernelAndForcedKernelsAreKept) {
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
     for (int bytes : {2, 4}) {
       auto kernel = [&](int64_t n, int64_t hv, int64_t t, bool varlen, DecodeKernel k = DecodeKernel::Auto) {
         return make_decode_plan(shape(n, hv, t, varlen), h200(), bytes, layout, k).kernel;
       };
-      EXPECT_EQ(kernel(1, 32, 1, false), DecodeKernel::Direct);
-      EXPECT_EQ(kernel(edge / 32 - 1, 32, 1, false), DecodeKernel::Direct);
-      EXPECT_EQ(kernel(edge / 32, 32, 1, false), DecodeKernel::Persistent);
-      EXPECT_EQ(kernel(1024, 96, 1, false), DecodeKernel::Persistent);
-      EXPECT_EQ(kernel(1024, 96, 2, false), DecodeKernel::Direct);  // T >= 2: direct
-      EXPECT_EQ(kernel(1024, 96, 300, true), DecodeKernel::Direct);  // varlen: direct
+      for (int64_t n : {1, 64, 1024})
+        for (int64_t t : {1, 2, 16}) EXPECT_EQ(kernel(n, 96, t, false), DecodeKernel::Direct) << n << " " << t;
+      EXPECT_EQ(kernel(1024, 96, 300, true), DecodeKernel::Direct);  // varlen
       EXPECT_EQ(kernel(1024, 96, 1, false, DecodeKernel::Direct), DecodeKernel::Direct);
       EXPECT_EQ(kernel(1, 32, 1, false, DecodeKernel::Persistent), DecodeKernel::Persistent);
+      EXPECT_EQ(kernel(1024, 96, 1, false, DecodeKernel::Persistent), DecodeKernel::Persistent);
     }
 }
 
@@ -114,22 +113,46 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   EXPECT_EQ(one.items, 32 * 16);
   EXPECT_EQ(one.launch.grid_x, 512u);
   EXPECT_EQ(one.launch.block, 32u);
-  // 33 heads: 33 * 8 >= 264, 2-warp blocks; 66 heads: 4-warp blocks.
-  const auto two = make_decode_plan(shape(1, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
+  // 8 rows a warp, 16 1-warp items a head: 33 heads (528 = 4 x 132 of them), 2-warp blocks;
+  // 66 heads (8 x 132), 4-warp blocks.
+  const auto two = make_decode_plan(shape(1, 33, 1, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct);
   EXPECT_EQ(two.warps, 2);
   EXPECT_EQ(two.slices, 8);
-  const auto four = make_decode_plan(shape(2, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
+  const auto four = make_decode_plan(shape(2, 33, 1, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct);
   EXPECT_EQ(four.warps, 4);
   EXPECT_EQ(four.slices, 4);
+  // The same heads with a bf16 pool and one token (16 rows, 8 items a head): one split finer.
+  EXPECT_EQ(make_decode_plan(shape(2, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct).warps, 2);
+  EXPECT_EQ(make_decode_plan(shape(4, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct).warps, 4);
   // Large batches: one block per item (no persistent loop), 4 blocks of 128 threads a SM.
   const auto big = make_decode_plan(shape(256, 32, 1, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct);
   EXPECT_EQ(big.items, 256 * 32 * 4);
   EXPECT_EQ(big.launch.grid_x, uint32_t(256 * 32 * 4));
   EXPECT_EQ(big.blocks_per_sm, flash_kda::sm90::kDirectMinBlocks);
-  // Each warp stages one token at a time: T = 2 takes at least 2 warps, T >= 3 and varlen 4.
-  EXPECT_EQ(make_decode_plan(shape(1, 32, 2, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 2);
-  EXPECT_EQ(make_decode_plan(shape(1, 32, 3, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 4);
-  EXPECT_EQ(make_decode_plan(shape(1, 32, 5, true), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 4);
+  EXPECT_TRUE(big.one_token);
+  EXPECT_EQ(big.warp_rows, 8);
+  // One token a sequence with a bf16 pool: 16 rows a warp (the packed form), 2 items a head at
+  // 4 warps; the split counts those 1-warp items (8 a head): 1 x 32 heads, 256 of them.
+  const auto packed = make_decode_plan(shape(256, 32, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
+  EXPECT_EQ(packed.warp_rows, 16);
+  EXPECT_EQ(packed.warps, 4);
+  EXPECT_EQ(packed.block_cols, 64);
+  EXPECT_EQ(packed.slices, 2);
+  const auto packed_one = make_decode_plan(shape(1, 32, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
+  EXPECT_EQ(packed_one.warps, 1);
+  EXPECT_EQ(packed_one.slices, 8);
+  EXPECT_EQ(packed_one.launch.grid_x, 256u);
+  // More tokens, or varlen, keep the fp32 form of 8 rows a warp.
+  for (auto [t, varlen] : {std::pair<int64_t, bool>{2, false}, {1, true}}) {
+    const auto general = make_decode_plan(shape(256, 32, t, varlen), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
+    EXPECT_FALSE(general.one_token);
+    EXPECT_EQ(general.warp_rows, 8);
+    EXPECT_EQ(general.slices, 4);
+  }
+  // Each v-first warp runs all of its tokens alone: the token count does not change the split.
+  for (int64_t t : {2, 3, 16})
+    EXPECT_EQ(make_decode_plan(shape(1, 32, t, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 1);
+  EXPECT_EQ(make_decode_plan(shape(1, 32, 5, true), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 1);
   // k-first: always 4 warps x 32 columns.
   const auto k = make_decode_plan(shape(1, 32, 1, false), h200(), 4, StateLayout::KFirst, DecodeKernel::Direct);
   EXPECT_EQ(k.warps, 4);
@@ -143,15 +166,16 @@ TEST(DecodePlan, DirectSharedMemory) {
     for (int64_t t : {1, 2, 16}) {
       const auto plan = make_decode_plan(shape(512, 32, t, false), h200(), 4, layout, DecodeKernel::Direct);
       EXPECT_EQ(plan.token_group, int(t));
-      EXPECT_EQ(plan.launch.smem_bytes, flash_kda::sm90::direct_smem_bytes(32, int(t), layout == StateLayout::KFirst));
+      EXPECT_EQ(plan.launch.smem_bytes,
+                layout == StateLayout::KFirst ? flash_kda::sm90::direct_smem_bytes(32, int(t)) : 0);
       EXPECT_EQ(plan.launch.smem_bytes % 16, 0);
       EXPECT_GE(plan.launch.smem_attr, plan.launch.smem_bytes);
       EXPECT_LE(plan.blocks_per_sm * (plan.launch.smem_bytes + flash_kda::sm90::kSm90SmemReservedPerBlock),
                 flash_kda::sm90::kSm90SmemPerSm);
     }
-  // T = 1, v-first, 4 warps: q, k, decay (1536 bytes), 32 v floats, b and k.q, one slot.
-  EXPECT_EQ(flash_kda::sm90::direct_smem_bytes(32, 1, false), 1536 + 128 + 8 + 8);
-  EXPECT_EQ(flash_kda::sm90::direct_smem_bytes(32, 1, true), 2048 + 1536 + 128 + 8 + 8);
+  // T = 1, k-first: the partial sums (2048 bytes), q, k, decay (1536), 32 v floats, b and k.q,
+  // one slot.
+  EXPECT_EQ(flash_kda::sm90::direct_smem_bytes(32, 1), 2048 + 1536 + 128 + 8 + 8);
   EXPECT_EQ(make_decode_plan(shape(8, 8, 300, true), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).token_group,
             flash_kda::sm90::kDecodeVarlenGroup);
 }

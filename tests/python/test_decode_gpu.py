@@ -245,6 +245,20 @@ def test_gva_strided_views_and_fp32_inputs(cuda_sm90):
     _check(kw, valid)
 
 
+@pytest.mark.parametrize("state", ["fp32", "bf16"])
+def test_one_token_gva_strided_views_and_fp32_inputs(cuda_sm90, state):
+    """Fixed length T = 1 runs its own direct kernels (a bf16 pool: 16 rows a warp, kept as the
+    loaded bf16 vectors): GVA, strided views, fp32 inputs and padded slots through them."""
+    import torch
+
+    dtype = torch.float32 if state == "fp32" else torch.bfloat16
+    kw, valid = _problem(cuda_sm90, N=5, T=1, H=2, HV=8, state=dtype, strided=True, padded=(1,))
+    assert not kw["q"].is_contiguous()
+    _check(kw, valid)
+    kw, valid = _problem(cuda_sm90, N=3, T=1, H=1, HV=4, state=dtype, act_dtype=torch.float32, accepted=True)
+    _check(kw, valid)
+
+
 def test_varlen_without_pool(cuda_sm90):
     import torch
 

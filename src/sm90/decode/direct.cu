@@ -1,34 +1,26 @@
-// The sm_90a direct decode kernel: the same call as the persistent kernel (decode.cu, semantics
-// in include/flash_kda/decode.h), one block per work item with the item's state slice held in
-// registers from its first instructions to its last store.
+// The sm_90a direct decode kernel for k-first [K, V] states (v-first ones: direct_vfirst.cu):
+// the same call as the persistent kernel (decode.cu, semantics in include/flash_kda/decode.h),
+// one block per work item with the item's state slice held in registers from its first
+// instructions to its last store.
 //
 // Why this shape. The call moves the states' bytes and little else, so an SM must keep enough
 // state reads in flight (~32 KB at 4.25 TB/s and ~1 us of loaded latency). Here a block's first
 // instructions resolve its slot index and then issue every 16-byte load of its slice at once,
 // global -> registers; the token inputs are staged in shared memory (normalised, gated) while
-// those loads are in flight. At <= 128 registers a lane 4 blocks of 128 threads share an SM:
-// 64 KB of fp32 state reads (32 KB bf16) in flight, and the state never goes through shared
-// memory. (Registers: ptxas takes ~115-140 a lane unbounded and spills at 80 or 102; the
-// staging of the first group runs while the 32 registers of raw state vectors are in flight,
-// later groups and the token loop hold the 32 fp32 state values.) Per token (fp32 math): S <- diag(exp(a)) S; u = b (v - S^T k); S += k u^T;
-// o = S^T q, evaluated as o = S_dec^T q + (k . q) u so that both reductions run over the
-// decayed state in one pass.
-// - v-first [V, K] (row = value index, 128 keys contiguous): a warp owns 8 value rows; a lane
-//   holds E consecutive keys (fp32 4: one 512-byte row per warp instruction, 8 vectors a lane;
-//   bf16 8: half a warp per row, 4 vectors a lane), so it needs only E keys of q, k and the
-//   decay. The 2 x 8 row sums (S^T k and S^T q) are one reduce-scatter over the lanes of a row
-//   (halving levels, then the last butterfly step: 16 shuffles fp32, 8 bf16), after which lane
-//   pairs (bit Top) hold S^T k and S^T q of one row; one exchange gives each both, and u of
-//   each row is gathered from the lane that holds it (8 or 4 indexed shuffles).
+// those loads are in flight. At <= 128 registers a lane 4 blocks of 128 threads share an SM.
+// Per token (fp32 math): S <- diag(exp(a)) S; u = b (v - S^T k); S += k u^T; o = S^T q,
+// evaluated as o = S_dec^T q + (k . q) u so that both reductions run over the decayed state in
+// one pass.
 // - k-first [K, V] (row = key, contiguous over V): a block owns 32 value columns, a warp 32 key
 //   rows of them; a lane holds 16-byte vectors along V (fp32: 4 columns of 8 rows; bf16: 8
 //   columns of 4 rows). The sums over K run in the thread, then a reduce-scatter over the
 //   lanes of the same columns, then across the 4 warps through a small shared buffer (two
-//   token parities, one barrier per token).
+//   token parities, one barrier per token): the reason this layout stages its tokens once per
+//   block instead of per warp.
 // - Pool semantics as decode.cu: the start slot decides a skip (negative or >= P: zero rows of
 //   out, no state access); [N, T] indices send each token's state to its own valid slot.
-// Modes: layout, pool dtype and gate mode are template parameters (12 kernels); input dtypes,
-// index kind and the beta / norm flags are uniform runtime branches of the staging.
+// Modes: pool dtype and gate mode are template parameters (6 kernels); input dtypes, index
+// kind and the beta / norm flags are uniform runtime branches of the staging.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -51,35 +43,30 @@ using namespace decode_detail;
 
 constexpr int log2_int(int x) { return x <= 1 ? 0 : 1 + log2_int(x / 2); }
 
-/// A lane's part of its block's state slice: NR 16-byte vectors of E pool elements.
-template <StateLayout L, typename PoolT>
+/// A lane's part of its block's k-first state slice: NR 16-byte vectors of E pool elements.
+template <typename PoolT>
 struct DirectFrag {
-  static constexpr bool kVFirst = L == StateLayout::VFirst;
   static constexpr int E = 16 / int(sizeof(PoolT));
-  /// v-first: lanes per 128-key row (32 fp32, 16 bf16); k-first: lanes per 32-column row segment
-  /// (8 fp32, 4 bf16).
-  static constexpr int LPR = kVFirst ? kD / E : kDirectBlockCols / E;
+  /// Lanes per 32-column row segment (8 fp32, 4 bf16).
+  static constexpr int LPR = kDirectBlockCols / E;
   static constexpr int RPI = 32 / LPR;  // rows one warp instruction covers
-  static constexpr int NR = (kVFirst ? kDirectWarpRows : 32) / RPI;  // vectors a lane
+  static constexpr int NR = 32 / RPI;   // vectors a lane
   static_assert(NR * E == 32, "32 state elements a lane");
 
-  /// v-first: the lane's first key; k-first: the lane's first block-local value column.
+  /// The lane's first block-local value column.
   __device__ static int lane_elem(int lane) { return (lane % LPR) * E; }
-  /// Row of vector c: v-first the block-local value row, k-first the key row.
-  __device__ static int row(int c, int warp, int lane) {
-    return warp * (kVFirst ? kDirectWarpRows : 32) + c * RPI + lane / LPR;
-  }
+  /// Key row of vector c.
+  __device__ static int row(int c, int warp, int lane) { return warp * 32 + c * RPI + lane / LPR; }
   /// Element offset of vector c within the head's state; col0 = the block's first value index.
   __device__ static int64_t offset(int c, int warp, int lane, int col0) {
-    if constexpr (kVFirst) return int64_t(col0 + row(c, warp, lane)) * kD + lane_elem(lane);
-    else return int64_t(row(c, warp, lane)) * kD + col0 + lane_elem(lane);
+    return int64_t(row(c, warp, lane)) * kD + col0 + lane_elem(lane);
   }
 };
 
-/// The block's staged tokens (direct_smem_bytes): for k-first the partial sums first, then q,
-/// k, decay, the block's v columns, b and k . q per token, each token's pool slot.
+/// The block's staged tokens (direct_smem_bytes): the partial sums first, then q, k, decay, the
+/// block's v columns, b and k . q per token, each token's pool slot.
 struct DirectStaging {
-  float* red;     // k-first: [2][4 warps][64] partial sums
+  float* red;     // [2][4 warps][64] partial sums
   float* q;       // [tg][128] scale * q (normalised)
   float* k;       // [tg][128] k (normalised)
   float* d;       // [tg][128] exp(a)
@@ -87,9 +74,9 @@ struct DirectStaging {
   float* b;       // [tg] beta after its activation
   float* kq;      // [tg] k . (scale q) of the finished rows
   int64_t* slot;  // [tg] pool slot the token's state goes to (PerToken), -1: none
-  __device__ DirectStaging(char* base, int tg, int cols, bool k_first) {
+  __device__ DirectStaging(char* base, int tg, int cols) {
     red = reinterpret_cast<float*>(base);
-    q = red + (k_first ? kDirectReduceBytes / 4 : 0);
+    q = red + kDirectReduceBytes / 4;
     k = q + tg * kD;
     d = k + tg * kD;
     v = d + tg * kD;
@@ -103,26 +90,26 @@ __device__ __forceinline__ uint4 load_state(const void* p) {
   return __ldcg(reinterpret_cast<const uint4*>(p));
 }
 
-template <StateLayout L, typename PoolT, GateMode Gate>
+template <typename PoolT, GateMode Gate>
 __global__ void __launch_bounds__(128, kDirectMinBlocks) direct_kernel(const DecodeParams p) {
-  using F = DirectFrag<L, PoolT>;
+  using F = DirectFrag<PoolT>;
   constexpr int E = F::E, NR = F::NR;
   constexpr int64_t kHeadElems = int64_t(kD) * kD;
   extern __shared__ __align__(16) char smem[];
   const int warps = int(blockDim.x) / 32;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const int cols = F::kVFirst ? warps * kDirectWarpRows : kDirectBlockCols;
+  const int cols = kDirectBlockCols;
   const int tg = p.token_group;
-  const DirectStaging st(smem, tg, cols, !F::kVFirst);
+  const DirectStaging st(smem, tg, cols);
   const bool varlen = p.seq.cu_seqlens != nullptr;
   const int64_t items = p.seq.num_seqs * p.value_heads * p.slices;
   const ptx::FastMath fm;
   void* const out = const_cast<void*>(p.out.data);
-  int parity = 0;  // k-first: which half of the partial-sum buffer the next token uses
+  int parity = 0;  // which half of the partial-sum buffer the next token uses
 
 #pragma unroll 1
   for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
-    // The item: value rows / columns col0 .. col0 + cols - 1 of value head hv of sequence n.
+    // The item: value columns col0 .. col0 + cols - 1 of value head hv of sequence n.
     const int slice = int(w % p.slices);
     const int64_t nh = w / p.slices;
     const int hv = int(nh % p.value_heads);
@@ -270,108 +257,68 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks) direct_kernel(const Dec
       for (int tt = 0; tt < cnt; ++tt) {
         const float b = st.b[tt], kq = st.kq[tt];
         const int64_t out_row = bat * p.out.batch + (tok0 + g0 + tt) * p.out.token + hv * p.out.head + col0;
-        if constexpr (F::kVFirst) {
-          constexpr int Top = F::LPR / 2;
-          const int kb = F::lane_elem(lane);
-          float qv[E], kv[E], dv[E];
-          load_row<E>(dv, st.d + tt * kD + kb);
-          load_row<E>(kv, st.k + tt * kD + kb);
-          load_row<E>(qv, st.q + tt * kD + kb);
-          // S <- diag(exp(a)) S and the lane's parts of S^T k and S^T q of row c, summed at once
-          // with the partner lane (bit Top): lanes with the bit keep S^T q, the others S^T k
-          // (the first level of a reduce-scatter of the 2 NR sums [S^T k, S^T q]).
-          const bool upper = (lane & Top) != 0;
-          float acc[NR];
+        // k-first: the lane's columns j = lane_elem .. + E - 1; key rows row(c).
+        const int cv = lane % F::LPR;
+        float acc[2 * E];
 #pragma unroll
-          for (int c = 0; c < NR; ++c) {
-            float ak = 0.f, aq = 0.f;
+        for (int e = 0; e < 2 * E; ++e) acc[e] = 0.f;
 #pragma unroll
-            for (int e = 0; e < E; ++e) {
-              f[c][e] *= dv[e];
-              ak = fmaf(f[c][e], kv[e], ak);
-              aq = fmaf(f[c][e], qv[e], aq);
-            }
-            acc[c] = (upper ? aq : ak) + __shfl_xor_sync(0xffffffffu, upper ? ak : aq, Top);
+        for (int c = 0; c < NR; ++c) {
+          const int i = F::row(c, warp, lane);
+          const float di = st.d[tt * kD + i], ki = st.k[tt * kD + i], qi = st.q[tt * kD + i];
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            f[c][e] *= di;
+            acc[e] = fmaf(f[c][e], ki, acc[e]);
+            acc[E + e] = fmaf(f[c][e], qi, acc[E + e]);
           }
-          reduce_scatter<NR, log2_int(F::LPR) - 1, Top / 2>(acc, lane);
-          // Lanes with bit Top hold S^T q of row c, their partners S^T k of the same row.
-          const float mine = acc[0], other = __shfl_xor_sync(0xffffffffu, mine, Top);
-          const float sk = upper ? other : mine, sq = upper ? mine : other;
-          const int c_own = (lane & (Top - 1)) >> 1;
-          const int r = warp * kDirectWarpRows + c_own * F::RPI + lane / F::LPR;
-          const float u = b * (st.v[tt * cols + r] - sk);
-          if ((lane & (Top | 1)) == 0) store_f(out, out_row + r, sq + kq * u, p.out.f32);
-          // S += k u^T with each row's u from the lane that holds it.
+        }
+        // Over the lanes of the same columns (lane bits 16 .. LPR): 2 sums a lane remain, sums
+        // base and base + 1 of the 2E (S^T k of the E columns, then S^T q).
+        constexpr int Bits = log2_int(F::RPI);
+        reduce_scatter<2 * E, Bits>(acc, lane);
+        int base = 0;
 #pragma unroll
-          for (int c = 0; c < NR; ++c) {
-            const float uc = __shfl_sync(0xffffffffu, u, (lane & ~(F::LPR - 1)) | (2 * c));
+        for (int l = 0; l < Bits; ++l)
+          if (lane & (16 >> l)) base += (2 * E) >> (l + 1);
+        float* red = st.red + parity * (4 * 64);
+        *reinterpret_cast<float2*>(red + warp * 64 + cv * (2 * E) + base) = make_float2(acc[0], acc[1]);
+        __syncthreads();
+        float u[E];
 #pragma unroll
-            for (int e = 0; e < E; ++e) f[c][e] = fmaf(kv[e], uc, f[c][e]);
-          }
-        } else {
-          // k-first: the lane's columns j = lane_elem .. + E - 1; key rows row(c).
-          const int cv = lane % F::LPR;
-          float acc[2 * E];
+        for (int e = 0; e < E; ++e) u[e] = 0.f;
 #pragma unroll
-          for (int e = 0; e < 2 * E; ++e) acc[e] = 0.f;
+        for (int wi = 0; wi < 4; ++wi) {
+          float t[E];
+          load_row<E>(t, red + wi * 64 + cv * (2 * E));
 #pragma unroll
-          for (int c = 0; c < NR; ++c) {
-            const int i = F::row(c, warp, lane);
-            const float di = st.d[tt * kD + i], ki = st.k[tt * kD + i], qi = st.q[tt * kD + i];
+          for (int e = 0; e < E; ++e) u[e] += t[e];
+        }
+        float vv[E];
+        load_row<E>(vv, st.v + tt * cols + cv * E);
 #pragma unroll
-            for (int e = 0; e < E; ++e) {
-              f[c][e] *= di;
-              acc[e] = fmaf(f[c][e], ki, acc[e]);
-              acc[E + e] = fmaf(f[c][e], qi, acc[E + e]);
-            }
-          }
-          // Over the lanes of the same columns (lane bits 16 .. LPR): 2 sums a lane remain, sums
-          // base and base + 1 of the 2E (S^T k of the E columns, then S^T q).
-          constexpr int Bits = log2_int(F::RPI);
-          reduce_scatter<2 * E, Bits>(acc, lane);
-          int base = 0;
+        for (int e = 0; e < E; ++e) u[e] = b * (vv[e] - u[e]);
+        if (warp == 0 && lane < F::LPR) {
+          float o[E];
 #pragma unroll
-          for (int l = 0; l < Bits; ++l)
-            if (lane & (16 >> l)) base += (2 * E) >> (l + 1);
-          float* red = st.red + parity * (4 * 64);
-          *reinterpret_cast<float2*>(red + warp * 64 + cv * (2 * E) + base) = make_float2(acc[0], acc[1]);
-          __syncthreads();
-          float u[E];
-#pragma unroll
-          for (int e = 0; e < E; ++e) u[e] = 0.f;
+          for (int e = 0; e < E; ++e) o[e] = kq * u[e];
 #pragma unroll
           for (int wi = 0; wi < 4; ++wi) {
             float t[E];
-            load_row<E>(t, red + wi * 64 + cv * (2 * E));
+            load_row<E>(t, red + wi * 64 + cv * (2 * E) + E);
 #pragma unroll
-            for (int e = 0; e < E; ++e) u[e] += t[e];
-          }
-          float vv[E];
-          load_row<E>(vv, st.v + tt * cols + cv * E);
-#pragma unroll
-          for (int e = 0; e < E; ++e) u[e] = b * (vv[e] - u[e]);
-          if (warp == 0 && lane < F::LPR) {
-            float o[E];
-#pragma unroll
-            for (int e = 0; e < E; ++e) o[e] = kq * u[e];
-#pragma unroll
-            for (int wi = 0; wi < 4; ++wi) {
-              float t[E];
-              load_row<E>(t, red + wi * 64 + cv * (2 * E) + E);
-#pragma unroll
-              for (int e = 0; e < E; ++e) o[e] += t[e];
-            }
-#pragma unroll
-            for (int e = 0; e < E; ++e) store_f(out, out_row + cv * E + e, o[e], p.out.f32);
+            for (int e = 0; e < E; ++e) o[e] += t[e];
           }
 #pragma unroll
-          for (int c = 0; c < NR; ++c) {
-            const float ki = st.k[tt * kD + F::row(c, warp, lane)];
-#pragma unroll
-            for (int e = 0; e < E; ++e) f[c][e] = fmaf(ki, u[e], f[c][e]);
-          }
-          parity ^= 1;
+          for (int e = 0; e < E; ++e) store_f(out, out_row + cv * E + e, o[e], p.out.f32);
         }
+#pragma unroll
+        for (int c = 0; c < NR; ++c) {
+          const float ki = st.k[tt * kD + F::row(c, warp, lane)];
+#pragma unroll
+          for (int e = 0; e < E; ++e) f[c][e] = fmaf(ki, u[e], f[c][e]);
+        }
+        parity ^= 1;
 
         // The state after this token, where it is kept.
         int64_t dst = -1;
@@ -399,12 +346,12 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks) direct_kernel(const Dec
   }
 }
 
-template <StateLayout L, typename PoolT>
+template <typename PoolT>
 cudaError_t launch_gate(GateMode gate, const KernelLaunch& k, uint64_t ctx, const DecodeParams& p, cudaStream_t stream) {
   switch (gate) {
-    case GateMode::SafeSigmoid: return launch_planned<direct_kernel<L, PoolT, GateMode::SafeSigmoid>>(k, ctx, p, stream);
-    case GateMode::Softplus: return launch_planned<direct_kernel<L, PoolT, GateMode::Softplus>>(k, ctx, p, stream);
-    default: return launch_planned<direct_kernel<L, PoolT, GateMode::PreGated>>(k, ctx, p, stream);
+    case GateMode::SafeSigmoid: return launch_planned<direct_kernel<PoolT, GateMode::SafeSigmoid>>(k, ctx, p, stream);
+    case GateMode::Softplus: return launch_planned<direct_kernel<PoolT, GateMode::Softplus>>(k, ctx, p, stream);
+    default: return launch_planned<direct_kernel<PoolT, GateMode::PreGated>>(k, ctx, p, stream);
   }
 }
 
@@ -412,11 +359,9 @@ cudaError_t launch_gate(GateMode gate, const KernelLaunch& k, uint64_t ctx, cons
 
 cudaError_t launch_direct(StateLayout layout, bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx,
                           const DecodeParams& p, cudaStream_t stream) {
-  if (layout == StateLayout::VFirst)
-    return bf16_pool ? launch_gate<StateLayout::VFirst, __nv_bfloat16>(gate, plan.launch, ctx, p, stream)
-                     : launch_gate<StateLayout::VFirst, float>(gate, plan.launch, ctx, p, stream);
-  return bf16_pool ? launch_gate<StateLayout::KFirst, __nv_bfloat16>(gate, plan.launch, ctx, p, stream)
-                   : launch_gate<StateLayout::KFirst, float>(gate, plan.launch, ctx, p, stream);
+  if (layout == StateLayout::VFirst) return launch_direct_vfirst(bf16_pool, gate, plan, ctx, p, stream);
+  return bf16_pool ? launch_gate<__nv_bfloat16>(gate, plan.launch, ctx, p, stream)
+                   : launch_gate<float>(gate, plan.launch, ctx, p, stream);
 }
 
 }  // namespace flash_kda::sm90

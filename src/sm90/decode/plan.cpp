@@ -19,7 +19,7 @@ int blocks_per_sm(int threads, int smem, int by_regs) {
   return std::max(1, std::min({by_regs, by_smem, 2048 / threads, 32}));
 }
 
-DecodePlan direct_plan(const ProblemShape& p, int64_t sms, StateLayout layout) {
+DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes, StateLayout layout) {
   DecodePlan plan;
   plan.kernel = DecodeKernel::Direct;
   const int64_t heads = p.num_seqs * p.value_heads;
@@ -27,23 +27,24 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, StateLayout layout) {
   if (k_first) {
     plan.warps = 4;
     plan.block_cols = kDirectBlockCols;
-  } else {
-    const int tg = token_group(p);
-    const int split = heads * 4 >= 2 * sms ? 4 : (heads * 8 >= 2 * sms ? 2 : 1);
-    // A warp stages one token at a time: at least 2 warps for 2 tokens, 4 for more.
-    plan.warps = std::max(split, tg >= 3 ? 4 : tg);
-    plan.block_cols = plan.warps * kDirectWarpRows;
+  } else {  // each warp runs its rows alone: the split only spreads the warps over the SMs
+    plan.one_token = !p.varlen && p.seqlen == 1;
+    plan.warp_rows = direct_vfirst_rows(state_bytes, plan.one_token);
+    const int64_t per_head = kDecodeHeadDim / plan.warp_rows;  // 1-warp items of a head
+    plan.warps = heads * per_head >= 8 * sms ? 4 : (heads * per_head >= 4 * sms ? 2 : 1);
+    plan.block_cols = plan.warps * plan.warp_rows;
   }
   plan.slices = kDecodeHeadDim / plan.block_cols;
   plan.token_group = token_group(p);
   plan.items = heads * plan.slices;
   const int threads = plan.warps * 32;
-  const int smem = direct_smem_bytes(plan.block_cols, plan.token_group, k_first);
+  // v-first stages nothing in shared memory (direct_vfirst.cu).
+  const int smem = k_first ? direct_smem_bytes(plan.block_cols, plan.token_group) : 0;
   plan.blocks_per_sm = blocks_per_sm(threads, smem, kDirectMinBlocks * 128 / threads);
   plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
   plan.launch.block = uint32_t(threads);
   plan.launch.smem_bytes = smem;
-  plan.launch.smem_attr = direct_smem_bytes(kDirectBlockCols, kDecodeMaxTokens, true);
+  plan.launch.smem_attr = k_first ? direct_smem_bytes(kDirectBlockCols, kDecodeMaxTokens) : 0;
   return plan;
 }
 
@@ -52,11 +53,8 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, StateLayout layout) {
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel) {
   const int64_t sms = std::max(1, device.num_sms);
-  // The auto rule (plan.h): the persistent kernel for many one-token sequences, else direct.
-  if (kernel == DecodeKernel::Auto)
-    kernel = !p.varlen && p.seqlen == 1 && p.num_seqs * p.value_heads >= kDecodePersistentHeads ? DecodeKernel::Persistent
-                                                                                                 : DecodeKernel::Direct;
-  if (kernel != DecodeKernel::Persistent) return direct_plan(p, sms, layout);
+  // The auto rule (plan.h): the direct kernel.
+  if (kernel != DecodeKernel::Persistent) return direct_plan(p, sms, state_bytes, layout);
   DecodePlan plan;
   plan.kernel = DecodeKernel::Persistent;
   const int bytes = state_bytes == 2 ? 2 : 4;

@@ -8,22 +8,17 @@
 //   items with the next items' state slices copied into shared memory by cp.async while it
 //   computes one. Its v-first registers (~150 a lane) allow 3 blocks of 128 threads per SM,
 //   and its state bytes in flight are what its shared-memory stages hold (~16 KB a block).
-// - direct (direct.cu): one block per work item; its first instructions issue every load of
-//   its state slice straight into registers (16-byte vectors), then the token inputs are
-//   staged and the tokens run on the registers. At <= 128 registers a lane (4 blocks of 128
-//   threads per SM; ptxas needs ~115-140 without a bound and spills below ~100) an SM holds
-//   4 x 16 KB = 64 KB of fp32 state reads (32 KB bf16) in flight, against the ~32 KB that
-//   Little's law asks for (4.25 TB/s x ~1 us / 132 SMs), with no
-//   shared-memory round trip of the state and no pipeline prologue; the block scheduler
-//   replaces the persistent loop.
-// The auto rule (here and in plan.cpp only), from one H200 sweep of both kernels (v-first,
-// graph-timed; docs/notes/2026-12-01_breadth-and-decode.md): the persistent kernel for one
-// token a sequence at fixed length once N * HV >= kDecodePersistentHeads (it is 3-15% faster
-// there: 256 x 32 fp32 359 against 396 us, 1024 x 96 bf16 2868 against 3424 us), the direct
-// kernel otherwise (up to 1.7x faster for small batches, where both are one latency chain
-// (slot index, state load, a token, the store) that the direct kernel spreads over more,
-// smaller blocks: 32 x 8 fp32 11.0 against 18.9 us; and 5-20% faster for T >= 2, whose tokens
-// the persistent kernel stages one round trip each).
+// - direct: one block per work item, its state slice loaded straight into registers with
+//   16-byte loads at the block's first instructions. v-first (direct_vfirst.cu): every warp
+//   runs its own value rows with no shared memory and no barrier (8 rows, 16 for a bf16 pool
+//   with one token a sequence: 4 KB of state a warp). k-first (direct.cu): the block stages
+//   the tokens in shared memory and sums over K across its 4 warps.
+// The auto rule (here and in plan.cpp only): always the direct kernel. In one H200 sweep
+// (graph-timed; docs/notes/2026-12-01_breadth-and-decode.md) it took 0.45-0.99x of the
+// persistent kernel's time at each of the 48 v-first points (1024 x 32 T = 1: fp32 1094
+// against 1402 us, bf16 575 against 966 us) and 0.25-0.54x at each of the 12 k-first points
+// measured (T = 1, N = 1 to 1024, 32 and 96 heads). The persistent kernel stays available by
+// DecodeLaunchOptions::kernel, for comparison.
 #pragma once
 
 #include <cstdint>
@@ -65,9 +60,6 @@ inline constexpr int kSm90SmemReservedPerBlock = 1024;
 /// (4 or 2).
 constexpr int decode_stages(int state_bytes) { return state_bytes == 2 ? 2 : 1; }
 
-/// N * HV from which the auto rule takes the persistent kernel for T = 1 (the rule above).
-inline constexpr int64_t kDecodePersistentHeads = 2048;
-
 /// Bytes of one work item's header (decode.cu's ItemHead: four int64 and four int32).
 inline constexpr int kDecodeItemHeadBytes = 48;
 
@@ -93,9 +85,16 @@ constexpr int decode_smem_bytes(int warps, int tg, int state_bytes) {
   return stages * decode_state_slot_bytes(warps, state_bytes) + (stages + 1) * decode_slot_bytes(warps, tg);
 }
 
-/// Direct kernel, v-first [V, K]: value rows one warp owns (16-byte vectors along K: an fp32
-/// lane holds keys 4 lane .. + 3 of 8 rows, a bf16 lane keys 8 (lane % 16) .. + 7 of 4 rows).
+/// Direct kernel, v-first [V, K]: the value rows of one fp32 register fragment (16-byte vectors
+/// along K: an fp32 lane holds keys 4 lane .. + 3 of 8 rows, a bf16 lane keys 8 (lane % 16) ..
+/// + 7 of 4 rows).
 inline constexpr int kDirectWarpRows = 8;
+/// Direct kernel, v-first: value rows one warp owns for a pool of `state_bytes` bytes per
+/// element: 8, or 16 for a bf16 pool with one token a sequence (direct_vfirst.cu's packed
+/// form: 4 KB of state a warp, as fp32's 8 rows).
+constexpr int direct_vfirst_rows(int state_bytes, bool one_token) {
+  return state_bytes == 2 && one_token ? 2 * kDirectWarpRows : kDirectWarpRows;
+}
 /// Direct kernel, k-first [K, V]: value columns one block owns (4 warps of 32 key rows each).
 inline constexpr int kDirectBlockCols = 32;
 /// Direct kernel: 128-thread blocks per SM its registers are built for (__launch_bounds__(128,
@@ -105,21 +104,24 @@ inline constexpr int kDirectMinBlocks = 4;
 /// 64 floats).
 inline constexpr int kDirectReduceBytes = 2 * 4 * 64 * 4;
 
-/// Direct kernel's dynamic shared memory: `tg` tokens' q, k and decay (K floats each), the
-/// block's `block_cols` value columns of v, b and k.q (an even count), each token's pool slot
-/// (int64), and for k-first the partial sums first; rounded up to 16 bytes.
-constexpr int direct_smem_bytes(int block_cols, int tg, bool k_first) {
+/// Direct kernel's dynamic shared memory for k-first states (v-first uses none): the partial
+/// sums, then `tg` tokens' q, k and decay (K floats each), the block's `block_cols` value
+/// columns of v, b and k.q (an even count) and each token's pool slot (int64); rounded up to
+/// 16 bytes.
+constexpr int direct_smem_bytes(int block_cols, int tg) {
   const int floats = tg * (3 * kDecodeHeadDim + block_cols) + ((2 * tg + 1) & ~1);
-  return ((k_first ? kDirectReduceBytes : 0) + floats * 4 + tg * 8 + 15) & ~15;
+  return (kDirectReduceBytes + floats * 4 + tg * 8 + 15) & ~15;
 }
 
 /// What one decode launch does.
 struct DecodePlan {
   DecodeKernel kernel = DecodeKernel::Persistent;  ///< the kernel launched (never Auto)
   /// Value columns (v-first: value rows) of one work item: persistent warps * 8; direct v-first
-  /// warps * 8, k-first 32.
+  /// warps * warp_rows, k-first 32.
   int block_cols = 32;
   int warps = 4;          ///< warps per block (direct k-first: always 4, each 32 of the key rows)
+  bool one_token = false;  ///< fixed length T = 1 (direct v-first: its own kernels)
+  int warp_rows = 8;      ///< direct v-first: value rows a warp owns (direct_vfirst_rows)
   int slices = 4;         ///< work items per (sequence, value head): 128 / block_cols
   int token_group = 1;    ///< tokens staged per round in shared memory (T for fixed length, else kDecodeVarlenGroup)
   int blocks_per_sm = 4;  ///< resident blocks per SM the registers and shared memory allow
@@ -137,15 +139,12 @@ struct DecodePlan {
 /// persistent grid of at most as many blocks as fit on the SMs at once, each looping over work
 /// items with the next items' state copies in flight. smem_attr is the kernel's largest
 /// request (T = 16, 4 warps) so that the attribute is the same on every call.
-/// Direct: one block per item. v-first blocks of 4 warps (32 value rows: 4 items per head)
-/// while N * HV * 4 >= 2 * SMs, else of 2 warps (8 items per head) while N * HV * 8 >= 2 * SMs,
-/// else of 1 warp (16 items per head): the grid then has at least ~2 blocks a SM or is a
-/// head's finest split (1 x 32 heads: 512 one-warp blocks, ~4 a SM, 8 rows = 4 KB fp32 each,
-/// instead of 128 four-warp blocks on 128 of the 132 SMs); but at least 2 warps for T = 2 and
-/// 4 for T >= 3 or varlen, since each warp stages one token at a time (one dependent round
-/// trip of its q, k, g, v loads per token). k-first blocks are always 4 warps
-/// x 32 columns (4 items per head). The work per warp is the same in every split (8 value rows
-/// or 32 key rows of 32 columns); the split only spreads the warps over the SMs.
+/// Direct: one block per item. v-first: blocks of 4 warps while the head's 1-warp items
+/// (128 / warp_rows of them) times N * HV reach 8 * SMs, else of 2 warps while they reach
+/// 4 * SMs, else of 1 warp: the grid then has at least ~2 blocks a SM or is a head's finest
+/// split (1 x 32 heads fp32: 512 one-warp blocks of 8 rows = 4 KB each). Every warp runs its
+/// rows alone, so the split only spreads the warps over the SMs. k-first blocks are always 4
+/// warps x 32 columns (4 items per head).
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel = DecodeKernel::Auto);
 
