@@ -95,22 +95,28 @@ def run_variant_cases(torch) -> int:
     ok = bool(torch.isfinite(h.float()).all())
     wrong += not ok
     print(f"sanitize: chunk_kda intermediate states: {'ok' if ok else 'WRONG'} (finite, {tuple(h.shape)})", flush=True)
-    # The decode over a pool: [N] slots with a padded (-1) entry.
+    # The decode over a pool: [N] slots with a padded (-1) entry, each layout and pool dtype,
+    # one token (the one-token kernels; bf16 v-first: the packed form) and two.
     n, heads, slots = 5, 2, 7
     g = torch.Generator(device=dev).manual_seed(5)
     r = lambda *shape: torch.randn(*shape, generator=g, device=dev).bfloat16()
-    pool = torch.randn(slots, heads, 128, 128, generator=g, device=dev)
     idx = torch.tensor([3, -1, 0, 6, 2], dtype=torch.int32, device=dev)
-    o, _ = flash_kda.fused_recurrent_kda_fwd(
-        q=r(n, 1, heads, 128), k=r(n, 1, heads, 128), v=r(n, 1, heads, 128), g=r(n, 1, heads, 128),
-        beta=r(n, 1, heads), A_log=torch.rand(heads, device=dev), dt_bias=torch.rand(heads * 128, device=dev),
-        initial_state=pool, inplace_final_state=True, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True,
-        use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)
-    torch.cuda.synchronize()
-    ok = bool(torch.isfinite(o.float()).all()) and bool((o[1] == 0).all())
-    wrong += not ok
-    print(f"sanitize: decode over a pool with a padded slot: {'ok' if ok else 'WRONG'} (finite, padded row zero)",
-          flush=True)
+    for v_first in (False, True):
+        for dtype in (torch.float32, torch.bfloat16):
+            for T in (1, 2):
+                pool = torch.randn(slots, heads, 128, 128, generator=g, device=dev).to(dtype)
+                o, _ = flash_kda.fused_recurrent_kda_fwd(
+                    q=r(n, T, heads, 128), k=r(n, T, heads, 128), v=r(n, T, heads, 128), g=r(n, T, heads, 128),
+                    beta=r(n, T, heads), A_log=torch.rand(heads, device=dev),
+                    dt_bias=torch.rand(heads * 128, device=dev), initial_state=pool, inplace_final_state=True,
+                    state_v_first=v_first, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True,
+                    use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)
+                torch.cuda.synchronize()
+                ok = bool(torch.isfinite(o.float()).all()) and bool((o[1] == 0).all())
+                wrong += not ok
+                print(f"sanitize: decode over a pool with a padded slot ({'v' if v_first else 'k'}-first, "
+                      f"{str(dtype).removeprefix('torch.')} pool, T = {T}): {'ok' if ok else 'WRONG'} "
+                      "(finite, padded row zero)", flush=True)
     return wrong
 
 
