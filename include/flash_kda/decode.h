@@ -91,9 +91,10 @@ ProblemShape validate_decode(const DecodeArgs& args, Target target);
 
 /// The decode step on an sm_90 GPU, asynchronously on `stream`: validates first (nothing is
 /// written on error), then one kernel launch; no host synchronisation, no allocation, no
-/// workspace, so the call can be captured in a CUDA graph. Supported subset: K = V = 128,
-/// T <= 16 tokens per sequence for a fixed-length batch (varlen sequences may be of any length:
-/// they run in rounds of 4 tokens; cu_seqlens values on the GPU are not checked, bad ones are
+/// workspace, so the call can be captured in a CUDA graph. A fixed-length batch of T = 0 with
+/// [N, T] slots launches nothing (no token, no state read or written). Supported subset: K = V = 128,
+/// T <= 16 tokens per sequence for a fixed-length batch (varlen sequences may be of any length;
+/// cu_seqlens values on the GPU are not checked, bad ones are
 /// clamped to [0, T_total] so that nothing outside the tensors is accessed). Slot indices >= P are treated
 /// like negative ones (skipped) so that no access leaves the pool. `options` may force one of
 /// the two kernels (validated after the arguments). Throws flash_kda::CudaError if the launch fails.

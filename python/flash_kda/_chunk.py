@@ -74,6 +74,7 @@ def _flag(name: str, value: Any) -> bool:
 _FLAGS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
           "allow_neg_eigval", "safe_gate", "disable_recompute", "return_intermediate_states", "state_v_first",
           "use_graph")
+#: The set of argument types of a call whose ten flags are all Python bools (_flags' shortcut).
 _BOOL_ONLY = {bool}
 
 

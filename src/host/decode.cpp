@@ -333,6 +333,9 @@ void validate_decode_options(const DecodeLaunchOptions& options) {
 void decode(const DecodeArgs& args, Stream stream, const DecodeLaunchOptions& options) {
   const ProblemShape p = validate_decode(args, Target::Sm90);
   validate_decode_options(options);
+  // No tokens at fixed length with [N, T] slots: nothing to read or write (the pool stays as it
+  // is, out has no rows), and a kernel would read the start slot from the empty [N, 0] indices.
+  if (!p.varlen && p.seqlen == 0 && args.ssm_state_indices.defined() && args.ssm_state_indices.ndim == 2) return;
 #if FLASH_KDA_WITH_CUDA
   sm90::launch_decode(args, p, options.kernel, stream);
 #else

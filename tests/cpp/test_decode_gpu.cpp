@@ -216,11 +216,14 @@ std::vector<GpuCase> gpu_cases() {
   zs.config.base.beta_logits = false;
   zs.config.base.state_layout = StateLayout::VFirst;
   cases.push_back(zs);
-  // The direct kernel's v-first splits: 1 x 8 heads T = 1 (1-warp blocks, 16 per head) and
-  // T = 2 (2-warp blocks), 5 x 8 heads (2-warp blocks), 40 x 8 heads (4-warp blocks), k-first
-  // fp32 at N = 1 with T = 5.
+  // The direct kernel's v-first splits (plan.h): 1 x 8 heads, bf16 pool, T = 1 (the packed
+  // form: 1-warp blocks, 8 a head) and 9 x 8 heads (2-warp blocks, 4 a head); fp32 pools at
+  // 1 x 8 heads T = 2 (1-warp blocks, 16 a head), 5 x 8 heads (2-warp blocks), 40 x 8 heads
+  // (4-warp blocks); k-first fp32 at N = 1 with T = 5.
   cases.push_back(make_case("split_n1_hv8_bf16pool_T1", GateMode::Softplus, StateLayout::VFirst, 1, false, DType::BF16,
                             DType::BF16, 1, 8, 8));
+  cases.push_back(make_case("split_n9_hv8_bf16pool_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false,
+                            DType::BF16, DType::BF16, 9, 8, 8));
   cases.push_back(make_case("split_n1_hv8_fp32pool_T2", GateMode::SafeSigmoid, StateLayout::VFirst, 2, false,
                             DType::F32, DType::F32, 1, 4, 8));
   cases.push_back(make_case("split_n5_hv8_fp32pool_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32,

@@ -297,3 +297,21 @@ TEST(DecodeValidate, DecodeNamesABadKernelBeforeAnyLaunch) {
     EXPECT_EQ(e.argument(), "launch_options.kernel") << e.what();
   }
 }
+
+namespace {
+
+// T = 0 at fixed length with [N, 0] slots: decode() returns without a launch (the kernels would
+// read a start slot from the empty indices). Without a GPU a launch would raise, so the call
+// returning normally is the check.
+TEST(DecodeValidate, NoTokensWithPerTokenSlotsLaunchesNothing) {
+  DecodeConfig cfg = valid_config();
+  cfg.base.seqlen = 0;
+  cfg.slots = {};
+  cfg.accepted = {};
+  auto prob = flash_kda::testing::make_decode_problem(cfg);
+  const DecodeArgs a = on_gpu(prob.args());
+  ASSERT_NO_THROW(flash_kda::validate_decode(a, Target::Sm90));
+  EXPECT_NO_THROW(flash_kda::decode(a, nullptr));
+}
+
+}  // namespace

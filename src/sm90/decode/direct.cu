@@ -41,8 +41,6 @@ namespace {
 
 using namespace decode_detail;
 
-constexpr int log2_int(int x) { return x <= 1 ? 0 : 1 + log2_int(x / 2); }
-
 /// A lane's part of its block's k-first state slice: NR 16-byte vectors of E pool elements.
 template <typename PoolT>
 struct DirectFrag {

@@ -17,7 +17,7 @@ namespace flash_kda::sm90 {
 cudaError_t launch_direct(StateLayout layout, bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx,
                           const DecodeParams& p, cudaStream_t stream);
 
-/// The v-first direct kernel's launch (direct_vfirst.cu).
+/// The v-first direct kernel's launch (direct_vfirst.cu). Returns the CUDA error of the launch.
 cudaError_t launch_direct_vfirst(bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx,
                                  const DecodeParams& p, cudaStream_t stream);
 

@@ -1,6 +1,6 @@
 // The sm_90a direct decode kernel for v-first [V, K] states: the same call as the persistent
 // kernel (decode.cu, semantics in include/flash_kda/decode.h), one block per work item, and
-// inside it every warp runs its own 8 value rows of the item from its first load to its last
+// inside it every warp runs its own value rows of the item from its first load to its last
 // store, with no shared memory and no block barrier.
 //
 // Why this shape. The call moves the states' bytes and little else, so an SM must keep state
@@ -8,14 +8,14 @@
 // stages the tokens once for all its warps makes every warp wait at a barrier for the one that
 // staged (the H200 profile of that form: half of the warps' stall cycles at the barrier, DRAM
 // 58% busy at 1024 x 32 fp32). Here each warp loads the few input elements its lanes use (E keys
-// of q, k, g and one value row of v per lane), finishes them with warp shuffles (the L2 norms
+// of q, k, g and one element of v per lane), finishes them with warp shuffles (the L2 norms
 // over the lanes of a row) while its state loads are in flight, and warps drift apart freely,
 // so that some warp of the SM is always waiting on state bytes while others compute. Token t + 1's
 // inputs are loaded (raw bits into registers) before token t runs.
 // - Fragment: a warp owns value rows, all 128 keys of them: an fp32 lane holds keys 4 lane .. + 3
-//   of 8 rows (one 512-byte row per warp instruction), a bf16 lane keys 8 (lane % 16) .. + 7 of
-//   16 rows (two rows per instruction): 4 KB of state a warp either way (the forms: the
-//   kernel's comment).
+//   of the warp's 8 rows (one 512-byte row per warp instruction), a bf16 lane keys 8 (lane %
+//   16) .. + 7 of half of them (two rows per instruction: 4 of 8 rows, or 8 of 16 in the packed
+//   form; the forms: the kernel's comment).
 // - Per token (fp32 math): S <- diag(exp(a)) S; u = b (v - S^T k); S += k u^T; o = S^T q,
 //   evaluated as o = S_dec^T q + (k . q) u so that both reductions run over the decayed state
 //   in one pass. The 2 x 8 row sums (S^T k, S^T q) are one reduce-scatter over the lanes of a
@@ -44,8 +44,6 @@ namespace flash_kda::sm90 {
 namespace {
 
 using namespace decode_detail;
-
-constexpr int log2_int(int x) { return x <= 1 ? 0 : 1 + log2_int(x / 2); }
 
 /// A lane's part of its warp's kRows value rows: NR 16-byte vectors of E pool elements.
 template <typename PoolT, int kRows>
@@ -144,10 +142,10 @@ struct Token {
 ///   loaded bf16 vectors and decayed and updated in fp32 as they are read (the state is rounded
 ///   once, at its store, as in the other form), so that a lane's 64 elements fit in 32
 ///   registers: a bf16 warp of 8 rows has half the bytes of an fp32 one in flight for the same
-///   latency and instructions (on the H200 it ran at ~1.85x of the floor where fp32 ran at
-///   1.1x; the packed form at 1.1x).
+///   latency and instructions, which holds a bf16 pool at ~1.9x of the floor where fp32 sits
+///   at ~1.1x (docs/performance.md, "Decode").
 template <typename PoolT, GateMode Gate, bool kOneToken>
-__global__ void __launch_bounds__(128, 4)
+__global__ void __launch_bounds__(128, kDirectMinBlocks)
     direct_vfirst_kernel(const DecodeParams p) {
   constexpr bool kPacked = kOneToken && sizeof(PoolT) == 2;
   constexpr int kRows = direct_vfirst_rows(int(sizeof(PoolT)), kOneToken);  // rows a warp owns

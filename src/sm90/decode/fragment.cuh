@@ -1,7 +1,7 @@
-// The per-lane state fragment of the sm_90a decode kernel and the warp reductions over K that
-// it needs (decode.cu's header comment says why this split), and the 16-byte vectors of the
-// pool's dtype both decode kernels load and store. Device code, included by decode.cu and
-// direct.cu.
+// The per-lane state fragment of the sm_90a persistent decode kernel and the warp reductions
+// over K that it needs (decode.cu's header comment says why this split), and the 16-byte
+// vectors of the pool's dtype every decode kernel loads and stores. Device code, included by
+// decode.cu, direct.cu and direct_vfirst.cu.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,8 @@
 namespace flash_kda::sm90::decode_detail {
 
 constexpr int kD = kDecodeHeadDim;
+
+constexpr int log2_int(int x) { return x <= 1 ? 0 : 1 + log2_int(x / 2); }
 constexpr int kWarpCols = kDecodeWarpCols;
 
 /// A 16-byte vector of pool elements (4 fp32 or 8 bf16) as fp32 values: the math is fp32

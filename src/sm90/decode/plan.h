@@ -14,10 +14,11 @@
 //   with one token a sequence: 4 KB of state a warp). k-first (direct.cu): the block stages
 //   the tokens in shared memory and sums over K across its 4 warps.
 // The auto rule (here and in plan.cpp only): always the direct kernel. In one H200 sweep
-// (graph-timed; docs/notes/2026-12-01_breadth-and-decode.md) it took 0.45-0.99x of the
-// persistent kernel's time at each of the 48 v-first points (1024 x 32 T = 1: fp32 1094
-// against 1402 us, bf16 575 against 966 us) and 0.25-0.54x at each of the 12 k-first points
-// measured (T = 1, N = 1 to 1024, 32 and 96 heads). The persistent kernel stays available by
+// (graph-timed; docs/notes/2026-12-01_breadth-and-decode.md, its 48-point table) it took
+// 0.44-1.0x of the persistent kernel's time at 47 of the 48 v-first points (1024 x 32 T = 1:
+// fp32 1094 against 1402 us, bf16 575 against 966 us; 1.04x at 1 x 8 heads, T = 2, bf16:
+// 4.5 against 4.4 us), and 0.25-0.54x at each of the 12 k-first points measured (T = 1, N = 1
+// to 1024, 32 and 96 heads). The persistent kernel stays available by
 // DecodeLaunchOptions::kernel, for comparison.
 #pragma once
 
@@ -98,7 +99,8 @@ constexpr int direct_vfirst_rows(int state_bytes, bool one_token) {
 /// Direct kernel, k-first [K, V]: value columns one block owns (4 warps of 32 key rows each).
 inline constexpr int kDirectBlockCols = 32;
 /// Direct kernel: 128-thread blocks per SM its registers are built for (__launch_bounds__(128,
-/// 4): <= 128 registers a lane, no spills; tighter bounds spill, see the header comment).
+/// 4): <= 128 registers a lane; ptxas spills a few words in the multi-token forms, none in the
+/// one-token ones).
 inline constexpr int kDirectMinBlocks = 4;
 /// Direct kernel: bytes of k-first's cross-warp partial sums (2 token parities x 4 warps x
 /// 64 floats).
@@ -123,7 +125,7 @@ struct DecodePlan {
   bool one_token = false;  ///< fixed length T = 1 (direct v-first: its own kernels)
   int warp_rows = 8;      ///< direct v-first: value rows a warp owns (direct_vfirst_rows)
   int slices = 4;         ///< work items per (sequence, value head): 128 / block_cols
-  int token_group = 1;    ///< tokens staged per round in shared memory (T for fixed length, else kDecodeVarlenGroup)
+  int token_group = 1;    ///< tokens staged per round in shared memory (T for fixed length, else kDecodeVarlenGroup; v-first direct stages none)
   int blocks_per_sm = 4;  ///< resident blocks per SM the registers and shared memory allow
   int64_t items = 0;      ///< work items: N * HV * slices
   /// grid (persistent: min(items, SMs * blocks_per_sm) blocks; direct: one block per item, at

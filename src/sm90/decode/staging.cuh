@@ -1,5 +1,6 @@
-// Shared-memory slots of the sm_90a decode kernel and the element access helpers it shares
-// between global and shared memory. Device code, included by decode.cu only.
+// Shared-memory slots of the sm_90a persistent decode kernel and the element access helpers
+// the decode kernels share (global and shared memory). Device code, included by decode.cu,
+// direct.cu and direct_vfirst.cu.
 #pragma once
 
 #include <cstdint>
