@@ -117,6 +117,26 @@ def run_variant_cases(torch) -> int:
                 print(f"sanitize: decode over a pool with a padded slot ({'v' if v_first else 'k'}-first, "
                       f"{str(dtype).removeprefix('torch.')} pool, T = {T}): {'ok' if ok else 'WRONG'} "
                       "(finite, padded row zero)", flush=True)
+    # [N, T] slots with -1 and >= P entries (a skipped start, skipped token stores) and
+    # accepted counts, fp32 inputs, each layout.
+    T = 3
+    tok = torch.tensor([[0, 1, 2], [-1, 3, 4], [5, slots, 6], [slots + 2, 0, 1], [2, -1, slots]], dtype=torch.int64,
+                       device=dev)
+    accepted = torch.tensor([1, 2, 3, 1, 2], dtype=torch.int64, device=dev)
+    f = lambda *shape: torch.randn(*shape, generator=g, device=dev)
+    for v_first in (False, True):
+        pool = torch.randn(slots, heads, 128, 128, generator=g, device=dev).bfloat16()
+        o, _ = flash_kda.fused_recurrent_kda_fwd(
+            q=f(n, T, heads, 128), k=f(n, T, heads, 128), v=f(n, T, heads, 128), g=f(n, T, heads, 128),
+            beta=f(n, T, heads), A_log=torch.rand(heads, device=dev), dt_bias=torch.rand(heads * 128, device=dev),
+            initial_state=pool, inplace_final_state=True, state_v_first=v_first, ssm_state_indices=tok,
+            num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+            use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)
+        torch.cuda.synchronize()
+        ok = bool(torch.isfinite(o.float()).all()) and bool(torch.isfinite(pool.float()).all())
+        wrong += not ok
+        print(f"sanitize: decode with [N, T] slots, -1 and >= P entries, accepted counts, fp32 inputs "
+              f"({'v' if v_first else 'k'}-first): {'ok' if ok else 'WRONG'} (finite)", flush=True)
     return wrong
 
 

@@ -161,6 +161,33 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   EXPECT_EQ(k.launch.grid_x, 128u);
 }
 
+TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
+  // What the direct kernels rely on, over shapes, dtypes, layouts and token counts: a block's
+  // columns are its warps' rows, the slices of a head cover its 128 value rows or columns once,
+  // and v-first's rows a warp match direct_vfirst_rows.
+  for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
+    for (int bytes : {2, 4})
+      for (int64_t n : {1, 3, 9, 64, 1024})
+        for (int64_t hv : {1, 8, 33, 96})
+          for (auto [t, varlen] : {std::pair<int64_t, bool>{0, false}, {1, false}, {2, false}, {16, false}, {1, true}}) {
+            const auto plan = make_decode_plan(shape(n, hv, t, varlen), h200(), bytes, layout, DecodeKernel::Direct);
+            SCOPED_TRACE(testing::Message() << int(layout) << " " << bytes << " " << n << "x" << hv << " T " << t
+                                            << (varlen ? " varlen" : ""));
+            EXPECT_EQ(plan.one_token, !varlen && t == 1);
+            if (layout == StateLayout::VFirst) {
+              EXPECT_EQ(plan.warp_rows, flash_kda::sm90::direct_vfirst_rows(bytes, plan.one_token));
+              EXPECT_EQ(plan.block_cols, plan.warps * plan.warp_rows);
+              EXPECT_EQ(plan.launch.smem_bytes, 0);
+            } else {
+              EXPECT_EQ(plan.block_cols, flash_kda::sm90::kDirectBlockCols);
+            }
+            EXPECT_EQ(plan.slices * plan.block_cols, 128);
+            EXPECT_EQ(plan.items, n * hv * plan.slices);
+            EXPECT_EQ(plan.launch.block, uint32_t(plan.warps * 32));
+            EXPECT_GE(plan.launch.grid_x, 1u);
+          }
+}
+
 TEST(DecodePlan, DirectSharedMemory) {
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
     for (int64_t t : {1, 2, 16}) {

@@ -24,11 +24,11 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes, Stat
   plan.kernel = DecodeKernel::Direct;
   const int64_t heads = p.num_seqs * p.value_heads;
   const bool k_first = layout == StateLayout::KFirst;
+  plan.one_token = !p.varlen && p.seqlen == 1;
   if (k_first) {
     plan.warps = 4;
     plan.block_cols = kDirectBlockCols;
   } else {  // each warp runs its rows alone: the split only spreads the warps over the SMs
-    plan.one_token = !p.varlen && p.seqlen == 1;
     plan.warp_rows = direct_vfirst_rows(state_bytes, plan.one_token);
     const int64_t per_head = kDecodeHeadDim / plan.warp_rows;  // 1-warp items of a head
     plan.warps = heads * per_head >= 8 * sms ? 4 : (heads * per_head >= 4 * sms ? 2 : 1);
