@@ -34,6 +34,29 @@ def test_decode_flags_narrow_the_sweep():
     assert a.check_seqs == 3
 
 
+def test_decode_layouts_add_k_first_points_after_the_v_first_ones():
+    a = cli.parse_args(["--decode", "--decode-seqs", "8", "--decode-heads", "32", "--decode-tokens", "1",
+                        "--decode-states", "fp32", "--decode-layouts", "v_first,k_first"])
+    assert [c.name for c in a.decode_cases] == ["n8_h32_t1_fp32", "n8_h32_t1_fp32_kfirst"]
+    assert [c.layout for c in a.decode_cases] == ["v_first", "k_first"]
+    assert a.decode_cases[1].to_dict()["layout"] == "k_first"
+    # The default sweep is v-first only, its names unchanged.
+    assert {c.layout for c in cli.parse_args(["--decode"]).decode_cases} == {"v_first"}
+    with pytest.raises(ValueError, match="unknown state layout"):
+        decode.decode_cases([1], [1], [1], ["fp32"], ["kv"])
+
+
+def test_k_first_points_are_marked_in_the_table_and_summary():
+    r = fake_decode()
+    for entry in r["decode"]:
+        c = decode.DecodeCase(entry["case"]["num_seqs"], entry["case"]["heads"], entry["case"]["T"],
+                              entry["case"]["state"], layout="k_first")
+        entry["case"] = c.to_dict()
+    rows = [dict(zip(report.DECODE_COLUMNS, row)) for row in report.decode_rows(r)]
+    assert rows[0]["point"] == "n1_h32_t1_fp32_kfirst" and rows[0]["state"] == "fp32 k-first"
+    assert "1 x 32 heads, T = 1, fp32 k-first pool: 4.0 us (graph)" in report.decode_summary(r)
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--decode-heads", "4"], "give --decode too"),
     (["--decode", "--T", "8"], "do not combine it with forward case flags"),
@@ -41,6 +64,8 @@ def test_decode_flags_narrow_the_sweep():
     (["--decode", "--num-sms", "64"], "--num-sms"),
     (["--decode", "--decode-tokens", "17"], "out of range"),
     (["--decode", "--decode-states", "fp16"], "pool dtypes"),
+    (["--decode", "--decode-layouts", "k_first,k_first"], "distinct state layouts"),
+    (["--decode-layouts", "k_first"], "give --decode too"),
     (["--decode", "--decode-seqs", "1,,2"], "comma-separated"),
     (["--decode", "--decode-seqs", "0"], "must be >= 1"),
 ])

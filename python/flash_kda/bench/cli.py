@@ -50,6 +50,16 @@ def _int_list(text: str) -> list[int]:
     return [_positive_int(p) for p in parts]
 
 
+def _layout_list(text: str) -> list[str]:
+    """Parse "v_first,k_first" into ["v_first", "k_first"] (state layouts of the decode sweep)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in decode_mod.LAYOUTS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"want distinct state layouts among {', '.join(decode_mod.LAYOUTS)}; "
+                                         f"got {text!r}")
+    return names
+
+
 def _state_list(text: str) -> list[str]:
     """Parse "fp32,bf16" into ["fp32", "bf16"] (pool dtypes of the decode sweep)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -122,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens per sequence, 1..16 (default " + ",".join(map(str, decode_mod.TOKENS)) + ")")
     dec.add_argument("--decode-states", type=_state_list, metavar="DTYPE,...", default=None,
                      help="pool dtypes (default " + ",".join(decode_mod.STATES) + ")")
+    dec.add_argument("--decode-layouts", type=_layout_list, metavar="LAYOUT,...", default=None,
+                     help="state layouts: v_first ([P, HV, V, K]), k_first ([P, HV, K, V], fla's default); "
+                     "default v_first")
     dec.add_argument("--decode-kernel", dest="decode_kernel", metavar="KERNEL,...", default=None,
                      help="decode kernels to time, each as its own implementation on the same inputs: auto "
                      "(the plan's choice, reported as flash_kda), persistent, direct (reported as "
@@ -162,8 +175,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    decode_flags = [f for f in ("decode_seqs", "decode_heads", "decode_tokens", "decode_states", "decode_kernel")
-                    if getattr(args, f) is not None]
+    decode_flags = [f for f in ("decode_seqs", "decode_heads", "decode_tokens", "decode_states", "decode_layouts",
+                                "decode_kernel") if getattr(args, f) is not None]
     args.decode_cases = []
     variant = args.gate != ["safe"] or args.state_layout != "v_first" or args.state_dtypes is not None or args.strided
     if args.decode and variant:
@@ -179,7 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         try:
             args.decode_cases = decode_mod.decode_cases(
                 args.decode_seqs or decode_mod.NUM_SEQS, args.decode_heads or decode_mod.HEADS,
-                args.decode_tokens or decode_mod.TOKENS, args.decode_states or decode_mod.STATES)
+                args.decode_tokens or decode_mod.TOKENS, args.decode_states or decode_mod.STATES,
+                args.decode_layouts or decode_mod.DEFAULT_LAYOUTS)
         except ValueError as e:
             parser.error(str(e))
         try:

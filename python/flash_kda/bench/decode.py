@@ -6,7 +6,8 @@ in a random slot order: T = 1 gives [N] ssm_state_indices into N slots; T > 1 gi
 indices into N * T slots (the state after every draft token kept, as serving stacks verify a
 draft), the start from idx[n, 0]. H = HV heads, K = V = 128, bf16 inputs,
 FlashKDA's configuration (safe gate with lower bound -5, q/k L2 norm and the beta sigmoid
-fused, v-first states), the pool updated in place. Both implementations are timed eager and
+fused), v-first states unless --decode-layouts asks for k-first ones (fla's default layout),
+the pool updated in place. Both implementations are timed eager and
 CUDA-graph captured in the same run, each on its own copy of the pool; fla runs with
 FLA_FLASH_KDA_DECODE=0 so that it does not dispatch back to flash_kda. The check compares the
 first call of each against the fp64 reference (flash_kda.reference_decode) on a sample of
@@ -28,6 +29,9 @@ NUM_SEQS = (1, 8, 32, 128, 256, 512, 1024)
 HEADS = (4, 8, 32, 96)
 TOKENS = (1, 2, 4)
 STATES = ("fp32", "bf16")
+#: State layouts of the sweep (state_v_first True / False) and the default list.
+LAYOUTS = ("v_first", "k_first")
+DEFAULT_LAYOUTS = ("v_first",)
 #: Bytes per element of each pool dtype.
 STATE_BYTES = {"fp32": 4, "bf16": 2}
 #: Sequences of each point checked against the fp64 reference (all when N is smaller).
@@ -50,7 +54,7 @@ HEAD_DIM = 128
 @dataclass(frozen=True)
 class DecodeCase:
     """One decode point: num_seqs sequences of T tokens, H = HV heads, a pool of `state`
-    dtype with pool_slots slots."""
+    dtype with pool_slots slots in `layout` ("v_first": [P, HV, V, K]; "k_first": [P, HV, K, V])."""
 
     num_seqs: int
     heads: int
@@ -58,6 +62,7 @@ class DecodeCase:
     state: str = "fp32"
     head_dim_k: int = HEAD_DIM
     head_dim_v: int = HEAD_DIM
+    layout: str = "v_first"
 
     @property
     def pool_slots(self) -> int:
@@ -66,7 +71,9 @@ class DecodeCase:
 
     @property
     def name(self) -> str:
-        return f"n{self.num_seqs}_h{self.heads}_t{self.T}_{self.state}"
+        """n<N>_h<H>_t<T>_<state>, with _kfirst for k-first pools (v-first names carry no suffix)."""
+        suffix = "" if self.layout == "v_first" else "_kfirst"
+        return f"n{self.num_seqs}_h{self.heads}_t{self.T}_{self.state}{suffix}"
 
     def to_dict(self) -> dict:
         """JSON-ready description (with the name)."""
@@ -77,19 +84,24 @@ class DecodeCase:
         return d
 
 
-def decode_cases(num_seqs=NUM_SEQS, heads=HEADS, tokens=TOKENS, states=STATES) -> list[DecodeCase]:
-    """Every combination, states outermost, then heads, tokens and sequences (so that a
-    partial run has whole tables of one pool dtype first). Raises ValueError on an unknown
-    state dtype or a value out of range (T in 1..16, N and H >= 1)."""
+def decode_cases(num_seqs=NUM_SEQS, heads=HEADS, tokens=TOKENS, states=STATES,
+                 layouts=DEFAULT_LAYOUTS) -> list[DecodeCase]:
+    """Every combination, layouts outermost, then states, heads, tokens and sequences (so that
+    a partial run has whole tables of one layout and pool dtype first). Raises ValueError on an
+    unknown state dtype or layout or a value out of range (T in 1..16, N and H >= 1)."""
     for s in states:
         if s not in STATE_BYTES:
             raise ValueError(f"unknown pool dtype {s!r}; known: {', '.join(STATE_BYTES)}")
+    for lay in layouts:
+        if lay not in LAYOUTS:
+            raise ValueError(f"unknown state layout {lay!r}; known: {', '.join(LAYOUTS)}")
     for what, values, low, high in (("--decode-seqs", num_seqs, 1, None), ("--decode-heads", heads, 1, None),
                                     ("--decode-tokens", tokens, 1, 16)):
         for v in values:
             if v < low or (high is not None and v > high):
                 raise ValueError(f"{what} entry {v} out of range (>= {low}" + (f", <= {high})" if high else ")"))
-    return [DecodeCase(n, h, t, s) for s in states for h in heads for t in tokens for n in num_seqs]
+    return [DecodeCase(n, h, t, s, layout=lay) for lay in layouts for s in states for h in heads for t in tokens
+            for n in num_seqs]
 
 
 def floor_bytes(case: DecodeCase) -> int:
@@ -142,7 +154,8 @@ class Inputs:
         self.A_log = torch.rand(h, generator=gen, device=device)
         self.dt_bias = torch.rand(h, kd, generator=gen, device=device)
         dtype = torch.float32 if case.state == "fp32" else torch.bfloat16
-        self.pool0 = randn(case.pool_slots, h, vd, kd, dtype=dtype)
+        self.v_first = case.layout == "v_first"
+        self.pool0 = randn(case.pool_slots, h, *((vd, kd) if self.v_first else (kd, vd)), dtype=dtype)
         order = torch.randperm(case.pool_slots, generator=gen, device=device).to(torch.int32)
         self.indices = order if t == 1 else order.view(n, t)
         self.scale = kd ** -0.5
@@ -151,7 +164,7 @@ class Inputs:
         """fused_recurrent_kda_fwd's keywords for this point on `pool`, writing `out`."""
         return dict(q=self.q, k=self.k, v=self.v, g=self.g, beta=self.beta, A_log=self.A_log,
                     dt_bias=self.dt_bias, initial_state=pool, scale=self.scale, inplace_final_state=True,
-                    state_v_first=True, ssm_state_indices=self.indices, use_qk_l2norm_in_kernel=True,
+                    state_v_first=self.v_first, ssm_state_indices=self.indices, use_qk_l2norm_in_kernel=True,
                     use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=LOWER_BOUND, out=out)
 
 
@@ -223,8 +236,9 @@ def count_flash_kda_decode_calls():
 
 def reference_sample(x: Inputs, seqs: list[int]):
     """fp64 reference of the sampled sequences on their own slots: (out [S, T, H, V], the
-    slots after the call [S (* T), H, V, K], sel, slots), float64 torch tensors on the inputs'
-    device; slots are the pool rows those sequences own, in the order of the returned states."""
+    slots after the call [S (* T), H, V, K] (v-first) or [S (* T), H, K, V], sel, slots),
+    float64 torch tensors on the inputs' device; slots are the pool rows those sequences own,
+    in the order of the returned states."""
     import torch
     import flash_kda
 
@@ -234,7 +248,7 @@ def reference_sample(x: Inputs, seqs: list[int]):
     local = torch.arange(slots.numel(), dtype=torch.int64).view(own.shape)
     out, state = flash_kda.reference_decode(
         x.q[sel], x.k[sel], x.v[sel], x.g[sel], x.beta[sel], A_log=x.A_log, dt_bias=x.dt_bias,
-        initial_state=x.pool0[slots], scale=x.scale, state_v_first=True, ssm_state_indices=local,
+        initial_state=x.pool0[slots], scale=x.scale, state_v_first=x.v_first, ssm_state_indices=local,
         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
         lower_bound=LOWER_BOUND)
     dev = x.q.device

@@ -447,7 +447,8 @@ def decode_rows(results: dict) -> list[list[str]]:
         c = r["case"]
         ours_g, ours_e = _median(r, "flash_kda", "graph"), _median(r, "flash_kda", "eager")
         fla_g, fla_e = _median(r, "fla", "graph"), _median(r, "fla", "eager")
-        out.append([c["name"], str(c["num_seqs"]), str(c["heads"]), str(c["T"]), c["state"], _us(ours_g), _us(ours_e),
+        state = c["state"] if c.get("layout", "v_first") == "v_first" else f"{c['state']} k-first"
+        out.append([c["name"], str(c["num_seqs"]), str(c["heads"]), str(c["T"]), state, _us(ours_g), _us(ours_e),
                     _host_us(r, "flash_kda"), _us(fla_g), _us(fla_e), _host_us(r, "fla"), _ratio(fla_g, ours_g),
                     _us(r.get("floor_ms")),
                     _ratio(ours_g, r.get("floor_ms")), decode_check_label(r)])
@@ -474,7 +475,9 @@ def decode_summary(results: dict) -> list[str]:
     for r in pts:
         c = r["case"]
         if c["num_seqs"] == 1 and c["heads"] == 32 and c["T"] == 1:
-            lines.append(f"1 x 32 heads, T = 1, {c['state']} pool: {_us(_median(r, 'flash_kda', 'graph'))} us (graph)")
+            layout = "" if c.get("layout", "v_first") == "v_first" else " k-first"
+            lines.append(f"1 x 32 heads, T = 1, {c['state']}{layout} pool: {_us(_median(r, 'flash_kda', 'graph'))} us "
+                         "(graph)")
     checked = [r for r in pts if r.get("check")]
     if checked:
         ok = sum(1 for r in checked if r["check"].get("passed"))
