@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _core
-from ._forward import _current_raw_stream, _error, _raw_descriptions, _real
+from ._forward import _cuda_device, _current_raw_stream, _error, _raw_descriptions, _real
 
 try:
     # Already imported by flash_kda/__init__.py when installed; a module global (not an import
@@ -290,8 +290,8 @@ def run_decode(q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state,
     tensors = (q, k, v, g, beta, out, A_log, dt_bias, cu_seqlens, initial_state, final_state,
                ssm_state_indices, num_accepted_tokens)
     _grad_check(torch, tensors)
-    device = getattr(q, "device", None)
-    stream = _current_raw_stream(torch, device) if getattr(device, "type", None) == "cuda" else 0
+    device = _cuda_device(q, torch)
+    stream = _current_raw_stream(torch, device) if device is not None else 0
     raw = _raw_descriptions(tensors, torch)
     if raw is not None:
         _core.decode_raw(raw, settings, stream, kernel)
