@@ -22,7 +22,7 @@ struct SeqIndex {
   int64_t num_seqs = 0;              // N
   int64_t total_tokens = 0;          // B * T, or T of the packed varlen batch
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(FLASH_KDA_EMU)  // FLASH_KDA_EMU: tests/emu's CPU model
   /// cu_seqlens cannot be checked on the host without a synchronisation, so its values are
   /// clamped to [0, total_tokens] (and lengths to >= 0, see length()): bad values give
   /// unspecified results (a clamped range may overlap another sequence's rows) but never an

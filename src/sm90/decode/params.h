@@ -1,10 +1,12 @@
-// The decode kernel's parameter block: the call's tensors as pointers and element strides, its
-// flags, and the plan's shape. Filled by decode.cu from a validated call.
+// The decode kernels' parameter block: the call's tensors as pointers and element strides, its
+// flags, and the plan's shape. Filled by decode_params (params.cpp) from a validated call.
 #pragma once
 
 #include <cstdint>
 
+#include "flash_kda/decode.h"
 #include "sm90/common/seq_index.h"
+#include "sm90/decode/plan.h"
 
 namespace flash_kda::sm90 {
 
@@ -52,5 +54,11 @@ struct DecodeParams {
   int slices = 4;       // blocks per (sequence, value head) (plan)
   int token_group = 1;  // tokens staged per round (plan)
 };
+
+/// The parameter block of a call that validate_decode(args, Target::Sm90) accepted (`p` its
+/// result), for `plan` (its slices and token group): pointers and element strides of every
+/// tensor, the index kind, the gate's tensors (none for a pre-computed gate) and the flags.
+/// Host code; reads no tensor data.
+DecodeParams decode_params(const DecodeArgs& args, const ProblemShape& p, const DecodePlan& plan);
 
 }  // namespace flash_kda::sm90

@@ -1,0 +1,213 @@
+// The decode cases of the C++ suite and the check of a decode's result against
+// flash_kda::reference_decode on the same inputs (fp64, results kept in fp64): relative
+// Frobenius error of out and of the whole pool (or final_state) within the bound of its dtype;
+// padded slots' rows exactly zero, padding columns of strided rows and untouched pool slots
+// as they were. test_decode_gpu.cpp runs every case on the GPU with both kernels;
+// tests/emu/test_decode_emu.cpp runs the direct v-first ones on the CPU model of the kernels.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "decode_test_util.h"
+
+namespace flash_kda::testing {
+
+/// One decode problem of the suite and the kernel it asks for.
+struct DecodeCase {
+  std::string name;
+  DecodeConfig config;
+  DecodeKernel kernel = DecodeKernel::Auto;
+};
+inline void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
+
+/// Relative Frobenius error allowed for an output of dtype t.
+inline double decode_bound(DType t) { return t == DType::BF16 ? 1e-2 : 1e-4; }
+
+/// What the reference computes for a configuration: out in fp64, and the problem it ran on (the
+/// pool or final_state in their own dtype).
+struct DecodeWant {
+  std::vector<double> out;
+  DecodeProblem ref;
+};
+
+inline DecodeWant decode_want(const DecodeConfig& cfg) {
+  DecodeWant w;
+  w.ref = make_decode_problem(cfg);
+  HostTensor ref_out(DType::F64, w.ref.act.out.shape());
+  DecodeArgs ra = w.ref.args();
+  ra.out = ref_out.view();
+  reference_decode(ra);
+  w.out = ref_out.values();
+  return w;
+}
+
+/// The problem a kernel runs on: the same inputs as decode_want's (same seed), out and
+/// final_state filled with NaN so that an element left unwritten cannot pass.
+inline DecodeProblem decode_target(const DecodeConfig& cfg) {
+  DecodeProblem prob = make_decode_problem(cfg);
+  prob.out.wide.fill(std::nan(""));
+  if (prob.final_state.defined()) prob.final_state.fill(std::nan(""));
+  return prob;
+}
+
+/// Checks `prob` (its out, pool or final_state back on the host) after a decode against `want`;
+/// `pool_before` is the pool's values before the call (empty without a pool).
+inline void check_decode(const DecodeConfig& cfg, const DecodeWant& want, DecodeProblem& prob,
+                         const std::vector<double>& pool_before) {
+  const bool pool = cfg.pool_slots > 0;
+  const std::vector<double>& want_o = want.out;
+  const std::vector<double> got_o = view_values(prob.out.wide, prob.out.view());
+  for (size_t i = 0; i < got_o.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got_o[i])) << "out[" << i << "] unwritten or not finite";
+    if (want_o[i] == 0.0) ASSERT_EQ(got_o[i], 0.0) << "out[" << i << "] of a padded slot";
+  }
+  const double out_err = rel_frobenius(got_o, want_o);
+  EXPECT_LE(out_err, decode_bound(cfg.base.out_dtype)) << "out";
+  // Padding columns of strided out rows stay untouched (NaN).
+  for (int64_t i = 0; i < prob.out.wide.numel(); ++i)
+    if (cfg.row_pad > 0 && i % (cfg.base.head_dim_v + cfg.row_pad) >= cfg.base.head_dim_v)
+      ASSERT_TRUE(std::isnan(prob.out.wide.get(i))) << "out padding written at " << i;
+
+  const double state_bound = decode_bound(cfg.base.state_dtype);
+  if (pool) {
+    const std::vector<double> got = prob.pool.wide.values(), want_pool = want.ref.pool.wide.values();
+    std::vector<double> got_changed, want_changed;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (want_pool[i] == pool_before[i]) {
+        // Untouched by the reference: untouched here (a written slot equal by chance is rare and
+        // compared by value below anyway).
+        if (got[i] != want_pool[i]) {
+          got_changed.push_back(got[i]);
+          want_changed.push_back(want_pool[i]);
+        }
+        continue;
+      }
+      got_changed.push_back(got[i]);
+      want_changed.push_back(want_pool[i]);
+    }
+    for (double x : got) ASSERT_TRUE(std::isfinite(x)) << "pool has NaN/Inf";
+    if (!want_changed.empty()) EXPECT_LE(rel_frobenius(got_changed, want_changed), state_bound) << "pool";
+    EXPECT_LE(rel_frobenius(got, want_pool), state_bound) << "whole pool";
+  } else if (prob.final_state.defined()) {
+    const std::vector<double> got = prob.final_state.values(), want_fs = want.ref.final_state.values();
+    for (double x : got) ASSERT_TRUE(std::isfinite(x)) << "final_state has NaN/Inf";
+    EXPECT_LE(rel_frobenius(got, want_fs), state_bound) << "final_state";
+  }
+}
+
+inline DecodeCase make_decode_case(std::string name, GateMode gate, StateLayout layout, int64_t T, bool per_token, DType pool_dtype,
+                  DType io_dtype, int64_t N = 5, int64_t H = 2, int64_t HV = 4) {
+  DecodeCase c{std::move(name), {}};
+  DecodeConfig& d = c.config;
+  d.base.batch = N;
+  d.base.seqlen = T;
+  d.base.heads = H;
+  d.base.value_heads = HV;
+  d.base.head_dim_k = d.base.head_dim_v = 128;
+  d.base.gate = gate;
+  d.base.state_layout = layout;
+  d.base.state_dtype = pool_dtype;
+  d.base.input_dtype = io_dtype;
+  d.base.out_dtype = io_dtype;
+  d.base.seed = uint64_t(T * 31 + N);
+  d.per_token = per_token;
+  d.row_pad = 8;    // q, k, v, g, out are views into wider rows
+  d.slot_pad = 64;  // pool slots apart
+  d.index_dtype = T % 2 ? DType::I32 : DType::I64;
+  if (per_token) {
+    d.pool_slots = N * T + 2;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t t = 0; t < T; ++t) d.slots.push_back(n == 1 ? -1 : 2 + (N - 1 - n) * T + t);
+    if (T > 1) d.slots[size_t(2 * T + 1)] = -1;  // sequence 2 drops its second token's state
+    for (int64_t n = 0; n < N; ++n) d.accepted.push_back(1 + (n * 7) % T);
+    if (T > 1) d.accepted[2] = 1;
+  } else {
+    d.pool_slots = N + 3;
+    for (int64_t n = 0; n < N; ++n) d.slots.push_back(n == 1 ? -1 : (n == 3 ? N + 2 : n));
+  }
+  return c;
+}
+
+inline std::vector<DecodeCase> decode_cases() {
+  std::vector<DecodeCase> cases;
+  const GateMode gates[] = {GateMode::SafeSigmoid, GateMode::Softplus, GateMode::PreGated};
+  const char* gate_names[] = {"safe", "softplus", "pregated"};
+  for (int gi = 0; gi < 3; ++gi)
+    for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
+      for (DType pool : {DType::F32, DType::BF16})
+        for (int64_t T : {1, 2, 4, 16}) {
+          const std::string name = std::string(gate_names[gi]) + (layout == StateLayout::VFirst ? "_vfirst" : "_kfirst") +
+                                   (pool == DType::F32 ? "_fp32pool" : "_bf16pool") + "_T" + std::to_string(T);
+          const DType io = T == 2 ? DType::F32 : DType::BF16;
+          cases.push_back(make_decode_case(name + "_per_token", gates[gi], layout, T, true, pool, io));
+          if (T <= 4) cases.push_back(make_decode_case(name + "_per_seq", gates[gi], layout, T, false, pool, io));
+        }
+  // Small and GVA-heavy shapes: 1 x 32 heads (2-warp blocks), 1 q/k head for 8 value heads.
+  cases.push_back(make_decode_case("n1_hv32_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32, DType::BF16, 1, 32, 32));
+  cases.push_back(make_decode_case("gva_h1_hv8_T2", GateMode::Softplus, StateLayout::KFirst, 2, true, DType::BF16, DType::BF16, 3, 1, 8));
+  // Persistent grid: many more work items than resident blocks (odd N x 8 heads x 4 slices
+  // over <= 528 blocks), so every block computes many items with the next ones in flight
+  // (fp32 pools 1 behind, bf16 2), padded and out-of-range slots among them.
+  cases.push_back(make_decode_case("persistent_vfirst_fp32pool_n131_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false,
+                            DType::F32, DType::BF16, 131, 8, 8));
+  cases.push_back(make_decode_case("persistent_vfirst_bf16pool_n131_T2_per_token", GateMode::Softplus, StateLayout::VFirst, 2,
+                            true, DType::BF16, DType::BF16, 131, 4, 8));
+  cases.push_back(make_decode_case("persistent_kfirst_bf16pool_n97_T4_per_token", GateMode::PreGated, StateLayout::KFirst, 4,
+                            true, DType::BF16, DType::F32, 97, 8, 8));
+  cases.push_back(make_decode_case("persistent_kfirst_fp32pool_n129_T3", GateMode::SafeSigmoid, StateLayout::KFirst, 3, false,
+                            DType::F32, DType::BF16, 129, 8, 8));
+  // Varlen over a persistent grid: 150 sequences of 0..9 tokens (long ones take a second and
+  // third staging group, loaded directly), [N] indices with padded slots.
+  DecodeCase vlp = make_decode_case("varlen_persistent_bf16pool", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::BF16,
+                          DType::BF16, 150, 8, 8);
+  for (int64_t n = 0; n < 150; ++n) vlp.config.base.seqlens.push_back((n * 7) % 10);
+  cases.push_back(vlp);
+  // Varlen with [N] indices (a padded slot, a zero-length sequence, one longer than 16).
+  DecodeCase vl = make_decode_case("varlen_per_seq", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32, DType::BF16, 5);
+  vl.config.base.seqlens = {3, 1, 0, 21, 2};
+  cases.push_back(vl);
+  // No pool: per-sequence states, varlen with a zero-length sequence (state passes through),
+  // and a zero start state without final_state; flags off.
+  DecodeCase np{"varlen_states_kfirst", {}};
+  np.config.base.seqlens = {2, 0, 5, 16};
+  np.config.base.heads = 2;
+  np.config.base.value_heads = 4;
+  np.config.base.head_dim_k = np.config.base.head_dim_v = 128;
+  np.config.base.state_layout = StateLayout::KFirst;
+  np.config.base.out_dtype = DType::BF16;
+  cases.push_back(np);
+  DecodeCase zs = np;
+  zs.name = "fixed_zero_start_no_final_beta_raw";
+  zs.config.base.seqlens.clear();
+  zs.config.base.batch = 3;
+  zs.config.base.seqlen = 4;
+  zs.config.base.with_initial_state = false;
+  zs.config.base.with_final_state = false;
+  zs.config.base.beta_logits = false;
+  zs.config.base.state_layout = StateLayout::VFirst;
+  cases.push_back(zs);
+  // The direct kernel's v-first splits (plan.h): 1 x 8 heads, bf16 pool, T = 1 (the packed
+  // form: 1-warp blocks, 8 a head) and 9 x 8 heads (2-warp blocks, 4 a head); fp32 pools at
+  // 1 x 8 heads T = 2 (1-warp blocks, 16 a head), 5 x 8 heads (2-warp blocks), 40 x 8 heads
+  // (4-warp blocks); k-first fp32 at N = 1 with T = 5.
+  cases.push_back(make_decode_case("split_n1_hv8_bf16pool_T1", GateMode::Softplus, StateLayout::VFirst, 1, false, DType::BF16,
+                            DType::BF16, 1, 8, 8));
+  cases.push_back(make_decode_case("split_n9_hv8_bf16pool_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false,
+                            DType::BF16, DType::BF16, 9, 8, 8));
+  cases.push_back(make_decode_case("split_n1_hv8_fp32pool_T2", GateMode::SafeSigmoid, StateLayout::VFirst, 2, false,
+                            DType::F32, DType::F32, 1, 4, 8));
+  cases.push_back(make_decode_case("split_n5_hv8_fp32pool_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false, DType::F32,
+                            DType::F32, 5, 8, 8));
+  cases.push_back(make_decode_case("split_n40_hv8_fp32pool_T2", GateMode::PreGated, StateLayout::VFirst, 2, true, DType::F32,
+                            DType::BF16, 40, 2, 8));
+  cases.push_back(make_decode_case("split_n1_hv4_kfirst_fp32pool_T5", GateMode::SafeSigmoid, StateLayout::KFirst, 5, false,
+                            DType::F32, DType::BF16, 1, 4, 4));
+  return cases;
+}
+
+}  // namespace flash_kda::testing

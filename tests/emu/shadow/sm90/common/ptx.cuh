@@ -1,0 +1,26 @@
+// tests/emu's stand-in for src/sm90/common/ptx.cuh: each wrapper of a single SASS instruction
+// as the libm function it approximates (the emulated kernels then differ from the GPU's only
+// by the approximations' last bits, far inside the tests' bounds). Only what the emulated
+// kernels call is here; a kernel that needs more fails to compile, which names what to add.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace flash_kda::sm90::ptx {
+
+inline float ex2(float x) { return std::exp2(x); }
+inline float rcp(float x) { return 1.f / x; }
+inline float rsqrt(float x) { return 1.f / std::sqrt(x); }
+inline float lg2(float x) { return std::log2(x); }
+
+struct FastMath {
+  float exp2(float x) const { return ex2(x); }
+  float recip(float x) const { return rcp(x); }
+  float div(float a, float b) const { return a / b; }
+  float exp(float x) const { return std::exp(x); }
+  float fma(float a, float b, float c) const { return std::fma(a, b, c); }
+  float log2(float x) const { return lg2(x); }
+};
+
+}  // namespace flash_kda::sm90::ptx

@@ -1,0 +1,243 @@
+// The fiber scheduler behind warp_emu.h: one fiber per emulated thread of a block, resumed
+// round-robin until each waits at a shuffle or barrier; a warp's shuffle completes once all its
+// lanes have posted, a block barrier once every thread still running has arrived.
+// Fibers switch with a few instructions on x86-64 (ucontext's swapcontext makes a system call
+// per switch, which made the suite ~3x slower), with ucontext elsewhere.
+#include "warp_emu.h"
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#if defined(__x86_64__)
+// switch_stack(save, next): pushes the callee-saved registers, stores the stack pointer in
+// *save, loads `next` and pops the registers saved there (System V x86-64 ABI: rbx, rbp,
+// r12-r15 are callee-saved; the others the caller of this function saves).
+extern "C" void flash_kda_emu_switch_stack(void** save, void* next);
+asm(R"(
+.text
+.globl flash_kda_emu_switch_stack
+.type flash_kda_emu_switch_stack,@function
+flash_kda_emu_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size flash_kda_emu_switch_stack,.-flash_kda_emu_switch_stack
+.section .note.GNU-stack,"",@progbits
+.text
+)");
+#else
+#include <ucontext.h>
+#endif
+
+namespace flash_kda::emu {
+namespace {
+
+enum class Wait { Run, Shuffle, Warp, Block, Done };
+
+/// A suspended execution: its saved stack pointer (x86-64) or ucontext.
+struct Context {
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
+  ucontext_t uc{};
+#endif
+};
+
+struct Fiber {
+  Context ctx;
+  std::unique_ptr<char[]> stack;
+  Wait wait = Wait::Run;
+  uint64_t send = 0, result = 0;
+  int src = 0;
+  Coord coord;
+};
+
+constexpr size_t kStackBytes = 256 * 1024;
+
+struct Block {
+  std::vector<Fiber> fibers;
+  Context scheduler;
+  const std::function<void()>* body = nullptr;
+  std::vector<char> smem;
+  std::string error;
+};
+
+Block* g_block = nullptr;
+Fiber* g_fiber = nullptr;
+
+void switch_to(Context& save, Context& next) {
+#if defined(__x86_64__)
+  flash_kda_emu_switch_stack(&save.sp, next.sp);
+#else
+  swapcontext(&save.uc, &next.uc);
+#endif
+}
+
+void yield() { switch_to(g_fiber->ctx, g_block->scheduler); }
+
+void fiber_entry() {
+  (*g_block->body)();
+  g_fiber->wait = Wait::Done;
+  yield();
+  std::abort();  // a finished fiber is never resumed
+}
+
+// A fresh context that starts fiber_entry on `stack`.
+void start_context(Context& c, char* stack, size_t bytes) {
+#if defined(__x86_64__)
+  // The stack as switch_stack leaves it: six callee-saved registers, then the return address
+  // fiber_entry (entered with rsp = 8 mod 16, as after a call).
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
+  void** sp = reinterpret_cast<void**>(top - 8);
+  *--sp = reinterpret_cast<void*>(&fiber_entry);
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;
+  c.sp = sp;
+#else
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, fiber_entry, 0);
+#endif
+}
+
+// Completes the warp's shuffle or __syncwarp when every lane waits at one; an error when lanes
+// wait at different kinds of step or some exited.
+void settle_warp(Block& b, size_t first, size_t count) {
+  size_t shuffles = 0, syncs = 0, done = 0;
+  for (size_t i = first; i < first + count; ++i) {
+    const Wait w = b.fibers[i].wait;
+    if (w == Wait::Run || w == Wait::Block) return;
+    shuffles += w == Wait::Shuffle, syncs += w == Wait::Warp, done += w == Wait::Done;
+  }
+  if (done == count) return;
+  if (done > 0 || (shuffles > 0 && syncs > 0))
+    throw std::runtime_error("warp " + std::to_string(first / 32) + ": lanes diverged at a warp-wide step (" +
+                             std::to_string(shuffles) + " at a shuffle, " + std::to_string(syncs) + " at __syncwarp, " +
+                             std::to_string(done) + " exited)");
+  for (size_t i = first; i < first + count; ++i) {
+    Fiber& f = b.fibers[i];
+    if (f.wait == Wait::Shuffle) {
+      if (size_t(f.src) >= count) throw std::runtime_error("shuffle from a lane the warp does not have");
+      f.result = b.fibers[first + size_t(f.src)].send;
+    }
+  }
+  for (size_t i = first; i < first + count; ++i) b.fibers[i].wait = Wait::Run;
+}
+
+void settle_block(Block& b) {
+  size_t waiting = 0;
+  for (const Fiber& f : b.fibers) {
+    if (f.wait == Wait::Run || f.wait == Wait::Shuffle || f.wait == Wait::Warp) return;
+    waiting += f.wait == Wait::Block;
+  }
+  if (waiting == 0) return;
+  for (Fiber& f : b.fibers)
+    if (f.wait == Wait::Block) f.wait = Wait::Run;
+}
+
+void run_block(Block& b, const uint3& block_idx, const dim3& grid, const dim3& block) {
+  const size_t n = size_t(block.x) * block.y * block.z;
+  for (size_t i = 0; i < n; ++i) {
+    Fiber& f = b.fibers[i];
+    f.wait = Wait::Run;
+    f.coord.thread = make_uint3(unsigned(i % block.x), unsigned(i / block.x % block.y), unsigned(i / block.x / block.y));
+    f.coord.block = block_idx;
+    f.coord.block_dim = block;
+    f.coord.grid_dim = grid;
+    start_context(f.ctx, f.stack.get(), kStackBytes);
+  }
+  std::fill(b.smem.begin(), b.smem.end(), 0);
+  for (;;) {
+    bool ran = false;
+    for (size_t i = 0; i < n; ++i) {
+      if (b.fibers[i].wait != Wait::Run) continue;
+      g_fiber = &b.fibers[i];
+      switch_to(b.scheduler, g_fiber->ctx);
+      g_fiber = nullptr;
+      if (!b.error.empty()) throw std::runtime_error(b.error);
+      ran = true;
+    }
+    for (size_t w = 0; w < n; w += 32) settle_warp(b, w, std::min<size_t>(32, n - w));
+    settle_block(b);
+    bool all_done = true, runnable = false;
+    for (size_t i = 0; i < n; ++i) {
+      all_done = all_done && b.fibers[i].wait == Wait::Done;
+      runnable = runnable || b.fibers[i].wait == Wait::Run;
+    }
+    if (all_done) return;
+    if (!runnable && !ran) throw std::runtime_error("threads of the block wait at a barrier that never completes");
+    if (!runnable) throw std::runtime_error("threads of the block wait at steps that never complete");
+  }
+}
+
+}  // namespace
+
+const Coord& coord() {
+  if (g_fiber == nullptr) throw std::logic_error("flash_kda::emu: a CUDA builtin used outside run_grid");
+  return g_fiber->coord;
+}
+
+uint64_t shuffle(uint64_t bits, int src) {
+  g_fiber->send = bits;
+  g_fiber->src = src;
+  g_fiber->wait = Wait::Shuffle;
+  yield();
+  return g_fiber->result;
+}
+
+void sync_warp() {
+  g_fiber->wait = Wait::Warp;
+  yield();
+}
+
+void sync_block() {
+  g_fiber->wait = Wait::Block;
+  yield();
+}
+
+char* dynamic_smem() { return g_block->smem.data(); }
+
+void fail(const std::string& what) {
+  g_block->error = what;
+  g_fiber->wait = Wait::Done;
+  yield();
+  std::abort();  // never resumed
+}
+
+void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  Block b;
+  const size_t n = size_t(block.x) * block.y * block.z;
+  if (n == 0 || n > 1024) throw std::invalid_argument("flash_kda::emu: a block of 1 to 1024 threads");
+  b.fibers.resize(n);
+  for (Fiber& f : b.fibers) f.stack = std::make_unique<char[]>(kStackBytes);
+  b.body = &body;
+  b.smem.resize(smem_bytes);
+  Block* const outer = g_block;
+  g_block = &b;
+  try {
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) run_block(b, make_uint3(x, y, z), grid, block);
+  } catch (...) {
+    g_block = outer;
+    throw;
+  }
+  g_block = outer;
+}
+
+}  // namespace flash_kda::emu

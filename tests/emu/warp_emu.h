@@ -1,0 +1,121 @@
+// A CPU model of the CUDA execution the decode kernels rely on, so that their source (the very
+// .cu file, compiled here as host C++) runs on a machine without a GPU: every thread of a block
+// is a fiber; fibers run until they reach a warp shuffle, __syncwarp or __syncthreads, where
+// they wait for the lanes (or threads) that take part, exchange values and go on. Blocks run one
+// after another. What it models: thread and block indices, full-warp shuffles (xor and indexed,
+// any 4- or 8-byte type), warp and block barriers, dynamic shared memory, the ld.global
+// variants as plain loads, and the fast-math intrinsics as their libm forms. What it does not:
+// memory ordering, timing, partial-warp masks (a mask other than all lanes is an error), inline
+// PTX (the kernels' ptx.cuh and launch_config.h are replaced by tests/emu/shadow).
+// Include it before the kernel source; see tests/emu/test_decode_emu.cpp.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+
+namespace flash_kda::emu {
+
+/// Where the running emulated thread is.
+struct Coord {
+  uint3 thread{}, block{};
+  dim3 block_dim, grid_dim;
+};
+
+/// The running emulated thread's coordinates (only valid inside run_grid's body).
+const Coord& coord();
+
+/// Shuffle: every lane of the warp posts `bits` and reads the bits of lane `src` (the caller's
+/// lane index within 0..31). Blocks until every lane of the warp has posted.
+uint64_t shuffle(uint64_t bits, int src);
+/// __syncwarp(): waits for every lane of the warp.
+void sync_warp();
+/// __syncthreads(): waits for every thread of the block that has not exited.
+void sync_block();
+/// The block's dynamic shared memory (zero-filled at the block's start).
+char* dynamic_smem();
+
+/// Runs `body` once per thread of each block of `grid` x `block`, one block after another, with
+/// `smem_bytes` of dynamic shared memory per block. Throws std::runtime_error when threads
+/// deadlock (a barrier some lanes never reach), a shuffle mask is not all lanes, or a lane of a
+/// partial warp reads from a lane that does not exist.
+void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
+
+/// Records an error of the emulated code and ends the grid (run_grid throws it).
+[[noreturn]] void fail(const std::string& what);
+
+template <class T>
+T shuffle_value(unsigned mask, T v, int src) {
+  static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes");
+  if (mask != 0xffffffffu) fail("shuffle with a partial mask");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits = shuffle(bits, src);
+  T r;
+  std::memcpy(&r, &bits, sizeof(T));
+  return r;
+}
+
+}  // namespace flash_kda::emu
+
+// The CUDA spellings the kernels use, on the model above. The qualifiers become plain C++.
+#undef __global__
+#define __global__
+#undef __device__
+#define __device__
+#undef __host__
+#define __host__
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef threadIdx
+#define threadIdx (::flash_kda::emu::coord().thread)
+#undef blockIdx
+#define blockIdx (::flash_kda::emu::coord().block)
+#undef blockDim
+#define blockDim (::flash_kda::emu::coord().block_dim)
+#undef gridDim
+#define gridDim (::flash_kda::emu::coord().grid_dim)
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  const int lane = int(threadIdx.x) % 32;
+  const int src = (lane ^ lane_mask) < ((lane / width) + 1) * width ? (lane ^ lane_mask) : lane;
+  return ::flash_kda::emu::shuffle_value(mask, v, src);
+}
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  const int lane = int(threadIdx.x) % 32;
+  return ::flash_kda::emu::shuffle_value(mask, v, (lane / width) * width + src_lane % width);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) ::flash_kda::emu::fail("__syncwarp with a partial mask");
+  ::flash_kda::emu::sync_warp();
+}
+inline void __syncthreads() { ::flash_kda::emu::sync_block(); }
+
+inline float __uint_as_float(uint32_t x) {
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+inline uint32_t __float_as_uint(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return x;
+}
+inline float __int_as_float(int x) { return __uint_as_float(uint32_t(x)); }
+inline int __float_as_int(float f) { return int(__float_as_uint(f)); }
+template <class T>
+T __ldcg(const T* p) { return *p; }
+template <class T>
+T __ldg(const T* p) { return *p; }
+template <class T>
+void __stcg(T* p, T v) { *p = v; }
+inline float __expf(float x) { return std::exp(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
