@@ -130,11 +130,11 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   EXPECT_EQ(big.launch.grid_x, uint32_t(256 * 32 * 4));
   EXPECT_EQ(big.blocks_per_sm, flash_kda::sm90::kDirectMinBlocks);
   EXPECT_TRUE(big.one_token);
-  EXPECT_EQ(big.warp_rows, 8);
+  EXPECT_EQ(big.warp_tile, 8);
   // One token a sequence with a bf16 pool: 16 rows a warp (the packed form), 2 items a head at
   // 4 warps; the split counts those 1-warp items (8 a head): 1 x 32 heads, 256 of them.
   const auto packed = make_decode_plan(shape(256, 32, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
-  EXPECT_EQ(packed.warp_rows, 16);
+  EXPECT_EQ(packed.warp_tile, 16);
   EXPECT_EQ(packed.warps, 4);
   EXPECT_EQ(packed.block_cols, 64);
   EXPECT_EQ(packed.slices, 2);
@@ -146,25 +146,28 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   for (auto [t, varlen] : {std::pair<int64_t, bool>{2, false}, {1, true}}) {
     const auto general = make_decode_plan(shape(256, 32, t, varlen), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
     EXPECT_FALSE(general.one_token);
-    EXPECT_EQ(general.warp_rows, 8);
+    EXPECT_EQ(general.warp_tile, 8);
     EXPECT_EQ(general.slices, 4);
   }
   // Each v-first warp runs all of its tokens alone: the token count does not change the split.
   for (int64_t t : {2, 3, 16})
     EXPECT_EQ(make_decode_plan(shape(1, 32, t, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 1);
   EXPECT_EQ(make_decode_plan(shape(1, 32, 5, true), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 1);
-  // k-first: always 4 warps x 32 columns.
-  const auto k = make_decode_plan(shape(1, 32, 1, false), h200(), 4, StateLayout::KFirst, DecodeKernel::Direct);
-  EXPECT_EQ(k.warps, 4);
-  EXPECT_EQ(k.block_cols, 32);
-  EXPECT_EQ(k.slices, 4);
-  EXPECT_EQ(k.launch.grid_x, 128u);
+  // k-first splits as v-first: its warps own value columns as v-first's own rows.
+  for (int bytes : {2, 4})
+    for (int64_t n : {1, 9, 256}) {
+      const auto k = make_decode_plan(shape(n, 32, 1, false), h200(), bytes, StateLayout::KFirst, DecodeKernel::Direct);
+      const auto v = make_decode_plan(shape(n, 32, 1, false), h200(), bytes, StateLayout::VFirst, DecodeKernel::Direct);
+      EXPECT_EQ(k.warps, v.warps);
+      EXPECT_EQ(k.warp_tile, v.warp_tile);
+      EXPECT_EQ(k.launch.grid_x, v.launch.grid_x);
+    }
 }
 
 TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
   // What the direct kernels rely on, over shapes, dtypes, layouts and token counts: a block's
   // columns are its warps' rows, the slices of a head cover its 128 value rows or columns once,
-  // and v-first's rows a warp match direct_vfirst_rows.
+  // and the rows (columns) a warp match direct_warp_tile; no shared memory.
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
     for (int bytes : {2, 4})
       for (int64_t n : {1, 3, 9, 64, 1024})
@@ -174,13 +177,10 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
             SCOPED_TRACE(testing::Message() << int(layout) << " " << bytes << " " << n << "x" << hv << " T " << t
                                             << (varlen ? " varlen" : ""));
             EXPECT_EQ(plan.one_token, !varlen && t == 1);
-            if (layout == StateLayout::VFirst) {
-              EXPECT_EQ(plan.warp_rows, flash_kda::sm90::direct_vfirst_rows(bytes, plan.one_token));
-              EXPECT_EQ(plan.block_cols, plan.warps * plan.warp_rows);
-              EXPECT_EQ(plan.launch.smem_bytes, 0);
-            } else {
-              EXPECT_EQ(plan.block_cols, flash_kda::sm90::kDirectBlockCols);
-            }
+            EXPECT_EQ(plan.warp_tile, flash_kda::sm90::direct_warp_tile(bytes, plan.one_token));
+            EXPECT_EQ(plan.block_cols, plan.warps * plan.warp_tile);
+            EXPECT_EQ(plan.launch.smem_bytes, 0);
+            EXPECT_EQ(plan.launch.smem_attr, 0);
             EXPECT_EQ(plan.slices * plan.block_cols, 128);
             EXPECT_EQ(plan.items, n * hv * plan.slices);
             EXPECT_EQ(plan.launch.block, uint32_t(plan.warps * 32));
@@ -188,21 +188,10 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
           }
 }
 
-TEST(DecodePlan, DirectSharedMemory) {
+TEST(DecodePlan, DirectTokenGroup) {
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
-    for (int64_t t : {1, 2, 16}) {
-      const auto plan = make_decode_plan(shape(512, 32, t, false), h200(), 4, layout, DecodeKernel::Direct);
-      EXPECT_EQ(plan.token_group, int(t));
-      EXPECT_EQ(plan.launch.smem_bytes,
-                layout == StateLayout::KFirst ? flash_kda::sm90::direct_smem_bytes(32, int(t)) : 0);
-      EXPECT_EQ(plan.launch.smem_bytes % 16, 0);
-      EXPECT_GE(plan.launch.smem_attr, plan.launch.smem_bytes);
-      EXPECT_LE(plan.blocks_per_sm * (plan.launch.smem_bytes + flash_kda::sm90::kSm90SmemReservedPerBlock),
-                flash_kda::sm90::kSm90SmemPerSm);
-    }
-  // T = 1, k-first: the partial sums (2048 bytes), q, k, decay (1536), 32 v floats, b and k.q,
-  // one slot.
-  EXPECT_EQ(flash_kda::sm90::direct_smem_bytes(32, 1), 2048 + 1536 + 128 + 8 + 8);
+    for (int64_t t : {1, 2, 16})
+      EXPECT_EQ(make_decode_plan(shape(512, 32, t, false), h200(), 4, layout, DecodeKernel::Direct).token_group, int(t));
   EXPECT_EQ(make_decode_plan(shape(8, 8, 300, true), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).token_group,
             flash_kda::sm90::kDecodeVarlenGroup);
 }

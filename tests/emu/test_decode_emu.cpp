@@ -1,6 +1,5 @@
-// The direct v-first decode kernel (src/sm90/decode/direct_vfirst.cu: this very source,
-// compiled as host C++) run on the CPU model of tests/emu/warp_emu.h, over every v-first case
-// of the C++ decode suite (tests/cpp/decode_cases.h), planned for a 132-SM H200 and for an
+// The direct decode kernel (src/sm90/decode/direct_warp.cu: this very source, compiled as host
+// C++) run on the CPU model of tests/emu/warp_emu.h, over every case of the C++ decode suite (tests/cpp/decode_cases.h), planned for a 132-SM H200 and for an
 // 8-SM part (other block splits; the few-hundred-sequence cases on the H200 plan only), and checked against flash_kda::reference_decode exactly as
 // the GPU suite checks it. It catches what the model shares with the GPU: lane and row mapping,
 // shuffle partners, reductions, indexing, bounds and pool semantics; not timing or memory
@@ -9,9 +8,9 @@
 
 // The kernel source under its own launch name, so that this test's copy does not collide with
 // the library's.
-#define launch_direct_vfirst emu_launch_direct_vfirst
-#include "sm90/decode/direct_vfirst.cu"
-#undef launch_direct_vfirst
+#define launch_direct emu_launch_direct
+#include "sm90/decode/direct_warp.cu"
+#undef launch_direct
 
 #include <gtest/gtest.h>
 
@@ -24,7 +23,6 @@ namespace {
 
 using flash_kda::DecodeKernel;
 using flash_kda::DType;
-using flash_kda::StateLayout;
 using flash_kda::testing::DecodeCase;
 
 struct EmuCase {
@@ -35,7 +33,7 @@ void PrintTo(const EmuCase& e, std::ostream* os) { *os << e.c.name << "_sms" << 
 
 class DecodeEmu : public ::testing::TestWithParam<EmuCase> {};
 
-TEST_P(DecodeEmu, DirectVFirstMatchesReference) {
+TEST_P(DecodeEmu, DirectMatchesReference) {
   const flash_kda::testing::DecodeConfig& cfg = GetParam().c.config;
   const flash_kda::testing::DecodeWant want = flash_kda::testing::decode_want(cfg);
   flash_kda::testing::DecodeProblem prob = flash_kda::testing::decode_target(cfg);
@@ -51,14 +49,13 @@ TEST_P(DecodeEmu, DirectVFirstMatchesReference) {
       flash_kda::sm90::make_decode_plan(ps, props, bf16_pool ? 2 : 4, a.state_layout, DecodeKernel::Direct);
   ASSERT_EQ(plan.kernel, DecodeKernel::Direct);
   const flash_kda::sm90::DecodeParams p = flash_kda::sm90::decode_params(a, ps, plan);
-  ASSERT_EQ(flash_kda::sm90::emu_launch_direct_vfirst(bf16_pool, a.gate, plan, 0, p, nullptr), cudaSuccess);
+  ASSERT_EQ(flash_kda::sm90::emu_launch_direct(a.state_layout, bf16_pool, a.gate, plan, 0, p, nullptr), cudaSuccess);
   flash_kda::testing::check_decode(cfg, want, prob, pool_before);
 }
 
 std::vector<EmuCase> emu_cases() {
   std::vector<EmuCase> cases;
   for (const DecodeCase& c : flash_kda::testing::decode_cases()) {
-    if (c.config.base.state_layout != StateLayout::VFirst) continue;
     // The persistent grid's many-item cases (~9 s each here) once, on the H200 plan.
     const bool large = c.name.find("persistent") != std::string::npos;
     for (int sms : {132, 8})

@@ -1,5 +1,5 @@
 // The sm_90a persistent decode kernel, and the launch of either decode kernel (the plan picks
-// it; the direct kernel is in direct_vfirst.cu and direct.cu): the KDA recurrence for T = 1..16 tokens per sequence (varlen: any
+// it; the direct kernel is in direct_warp.cu): the KDA recurrence for T = 1..16 tokens per sequence (varlen: any
 // length), each (sequence, value head) state read once from its slot and written once per kept
 // token. Semantics: include/flash_kda/decode.h.
 //

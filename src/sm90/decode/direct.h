@@ -1,5 +1,5 @@
-// The direct decode kernels' launch (direct.cu, direct_vfirst.cu), called by decode.cu with the parameter block it
-// fills for either kernel and the plan.
+// The direct decode kernel's launch (direct_warp.cu), called by decode.cu with the parameter
+// block it fills for either kernel and the plan.
 #pragma once
 
 #include <cstdint>
@@ -12,13 +12,9 @@
 
 namespace flash_kda::sm90 {
 
-/// Launches the direct kernel for `layout` (v-first: direct_vfirst.cu; k-first: direct.cu), the
-/// pool dtype and the gate mode as `plan` says. Returns the CUDA error of the launch.
+/// Launches the direct kernel for `layout`, the pool dtype and the gate mode as `plan` says.
+/// Returns the CUDA error of the launch.
 cudaError_t launch_direct(StateLayout layout, bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx,
                           const DecodeParams& p, cudaStream_t stream);
-
-/// The v-first direct kernel's launch (direct_vfirst.cu). Returns the CUDA error of the launch.
-cudaError_t launch_direct_vfirst(bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx,
-                                 const DecodeParams& p, cudaStream_t stream);
 
 }  // namespace flash_kda::sm90

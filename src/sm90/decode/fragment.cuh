@@ -1,7 +1,7 @@
 // The per-lane state fragment of the sm_90a persistent decode kernel and the warp reductions
 // over K that it needs (decode.cu's header comment says why this split), and the 16-byte
 // vectors of the pool's dtype every decode kernel loads and stores. Device code, included by
-// decode.cu, direct.cu and direct_vfirst.cu.
+// decode.cu and direct_warp.cu.
 #pragma once
 
 #include <cstdint>

@@ -19,33 +19,24 @@ int blocks_per_sm(int threads, int smem, int by_regs) {
   return std::max(1, std::min({by_regs, by_smem, 2048 / threads, 32}));
 }
 
-DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes, StateLayout layout) {
+DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   DecodePlan plan;
   plan.kernel = DecodeKernel::Direct;
   const int64_t heads = p.num_seqs * p.value_heads;
-  const bool k_first = layout == StateLayout::KFirst;
   plan.one_token = !p.varlen && p.seqlen == 1;
-  if (k_first) {
-    plan.warps = 4;
-    plan.block_cols = kDirectBlockCols;
-  } else {  // each warp runs its rows alone: the split only spreads the warps over the SMs
-    plan.warp_rows = direct_vfirst_rows(state_bytes, plan.one_token);
-    const int64_t per_head = kDecodeHeadDim / plan.warp_rows;  // 1-warp items of a head
-    plan.warps = heads * per_head >= 8 * sms ? 4 : (heads * per_head >= 4 * sms ? 2 : 1);
-    plan.block_cols = plan.warps * plan.warp_rows;
-  }
+  // Each warp runs its tile alone: the split only spreads the warps over the SMs.
+  plan.warp_tile = direct_warp_tile(state_bytes, plan.one_token);
+  const int64_t per_head = kDecodeHeadDim / plan.warp_tile;  // 1-warp items of a head
+  plan.warps = heads * per_head >= 8 * sms ? 4 : (heads * per_head >= 4 * sms ? 2 : 1);
+  plan.block_cols = plan.warps * plan.warp_tile;
   plan.slices = kDecodeHeadDim / plan.block_cols;
   plan.token_group = token_group(p);
   plan.items = heads * plan.slices;
   const int threads = plan.warps * 32;
-  // v-first stages nothing in shared memory (direct_vfirst.cu).
-  const int smem = k_first ? direct_smem_bytes(plan.block_cols, plan.token_group) : 0;
-  plan.blocks_per_sm = blocks_per_sm(threads, smem, kDirectMinBlocks * 128 / threads);
+  plan.blocks_per_sm = blocks_per_sm(threads, 0, kDirectMinBlocks * 128 / threads);
   plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
   plan.launch.block = uint32_t(threads);
-  plan.launch.smem_bytes = smem;
-  plan.launch.smem_attr = k_first ? direct_smem_bytes(kDirectBlockCols, kDecodeMaxTokens) : 0;
-  return plan;
+  return plan;  // no shared memory (direct_warp.cu)
 }
 
 }  // namespace
@@ -54,7 +45,7 @@ DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, in
                             DecodeKernel kernel) {
   const int64_t sms = std::max(1, device.num_sms);
   // The auto rule (plan.h): the direct kernel.
-  if (kernel != DecodeKernel::Persistent) return direct_plan(p, sms, state_bytes, layout);
+  if (kernel != DecodeKernel::Persistent) return direct_plan(p, sms, state_bytes);
   DecodePlan plan;
   plan.kernel = DecodeKernel::Persistent;
   const int bytes = state_bytes == 2 ? 2 : 4;

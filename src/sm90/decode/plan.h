@@ -8,18 +8,17 @@
 //   items with the next items' state slices copied into shared memory by cp.async while it
 //   computes one. Its v-first registers (~150 a lane) allow 3 blocks of 128 threads per SM,
 //   and its state bytes in flight are what its shared-memory stages hold (~16 KB a block).
-// - direct: one block per work item, its state slice loaded straight into registers with
-//   16-byte loads at the block's first instructions. v-first (direct_vfirst.cu): every warp
-//   runs its own value rows with no shared memory and no barrier (8 rows, 16 for a bf16 pool
-//   with one token a sequence: 4 KB of state a warp). k-first (direct.cu): the block stages
-//   the tokens in shared memory and sums over K across its 4 warps.
+// - direct (direct_warp.cu): one block per work item, its state slice loaded straight into
+//   registers with 16-byte loads at the block's first instructions; every warp runs its own
+//   value rows (v-first) or columns (k-first) with no shared memory and no barrier (8, or 16
+//   for a bf16 pool with one token a sequence: 4 KB of state a warp).
 // The auto rule (here and in plan.cpp only): always the direct kernel. In one H200 sweep
 // (graph-timed; docs/notes/2026-12-01_breadth-and-decode.md, its 48-point table) it took
 // 0.44-1.0x of the persistent kernel's time at 47 of the 48 v-first points (1024 x 32 T = 1:
 // fp32 1094 against 1402 us, bf16 575 against 966 us; 1.04x at 1 x 8 heads, T = 2, bf16:
-// 4.5 against 4.4 us), and 0.25-0.54x at each of the 12 k-first points measured (T = 1, N = 1
-// to 1024, 32 and 96 heads). The persistent kernel stays available by
-// DecodeLaunchOptions::kernel, for comparison.
+// 4.5 against 4.4 us), and the block-staged k-first form that preceded the warp tiles took
+// 0.25-0.54x at each of the 12 k-first points measured (T = 1, N = 1 to 1024, 32 and 96
+// heads). The persistent kernel stays available by DecodeLaunchOptions::kernel, for comparison.
 #pragma once
 
 #include <cstdint>
@@ -86,46 +85,31 @@ constexpr int decode_smem_bytes(int warps, int tg, int state_bytes) {
   return stages * decode_state_slot_bytes(warps, state_bytes) + (stages + 1) * decode_slot_bytes(warps, tg);
 }
 
-/// Direct kernel, v-first [V, K]: the value rows of one fp32 register fragment (16-byte vectors
-/// along K: an fp32 lane holds keys 4 lane .. + 3 of 8 rows, a bf16 lane keys 8 (lane % 16) ..
-/// + 7 of 4 rows).
-inline constexpr int kDirectWarpRows = 8;
-/// Direct kernel, v-first: value rows one warp owns for a pool of `state_bytes` bytes per
-/// element: 8, or 16 for a bf16 pool with one token a sequence (direct_vfirst.cu's packed
-/// form: 4 KB of state a warp, as fp32's 8 rows).
-constexpr int direct_vfirst_rows(int state_bytes, bool one_token) {
-  return state_bytes == 2 && one_token ? 2 * kDirectWarpRows : kDirectWarpRows;
+/// Direct kernel: the rows (v-first [V, K]) or columns (k-first [K, V]) of one fp32 register
+/// tile of a warp, all 128 keys of them (32 state elements a lane; direct_warp.cu's tiles).
+inline constexpr int kDirectWarpTile = 8;
+/// Direct kernel: value rows (columns) one warp owns for a pool of `state_bytes` bytes per
+/// element: 8, or 16 for a bf16 pool with one token a sequence (direct_warp.cu's packed form:
+/// 4 KB of state a warp, as fp32's 8), in either layout.
+constexpr int direct_warp_tile(int state_bytes, bool one_token) {
+  return state_bytes == 2 && one_token ? 2 * kDirectWarpTile : kDirectWarpTile;
 }
-/// Direct kernel, k-first [K, V]: value columns one block owns (4 warps of 32 key rows each).
-inline constexpr int kDirectBlockCols = 32;
 /// Direct kernel: 128-thread blocks per SM its registers are built for (__launch_bounds__(128,
 /// 4): <= 128 registers a lane; ptxas spills a few words in the multi-token forms, none in the
 /// one-token ones).
 inline constexpr int kDirectMinBlocks = 4;
-/// Direct kernel: bytes of k-first's cross-warp partial sums (2 token parities x 4 warps x
-/// 64 floats).
-inline constexpr int kDirectReduceBytes = 2 * 4 * 64 * 4;
-
-/// Direct kernel's dynamic shared memory for k-first states (v-first uses none): the partial
-/// sums, then `tg` tokens' q, k and decay (K floats each), the block's `block_cols` value
-/// columns of v, b and k.q (an even count) and each token's pool slot (int64); rounded up to
-/// 16 bytes.
-constexpr int direct_smem_bytes(int block_cols, int tg) {
-  const int floats = tg * (3 * kDecodeHeadDim + block_cols) + ((2 * tg + 1) & ~1);
-  return (kDirectReduceBytes + floats * 4 + tg * 8 + 15) & ~15;
-}
 
 /// What one decode launch does.
 struct DecodePlan {
   DecodeKernel kernel = DecodeKernel::Persistent;  ///< the kernel launched (never Auto)
-  /// Value columns (v-first: value rows) of one work item: persistent warps * 8; direct v-first
-  /// warps * warp_rows, k-first 32.
+  /// Value columns (v-first: value rows) of one work item: persistent warps * 8; direct warps *
+  /// warp_tile.
   int block_cols = 32;
-  int warps = 4;          ///< warps per block (direct k-first: always 4, each 32 of the key rows)
-  bool one_token = false;  ///< fixed length T = 1 (direct v-first: its own kernels)
-  int warp_rows = 8;      ///< direct v-first: value rows a warp owns (direct_vfirst_rows)
+  int warps = 4;          ///< warps per block
+  bool one_token = false;  ///< fixed length T = 1 (direct: its own kernels)
+  int warp_tile = 8;      ///< direct: value rows (columns) a warp owns (direct_warp_tile)
   int slices = 4;         ///< work items per (sequence, value head): 128 / block_cols
-  int token_group = 1;    ///< tokens staged per round in shared memory (T for fixed length, else kDecodeVarlenGroup; v-first direct stages none)
+  int token_group = 1;    ///< tokens staged per round in shared memory (persistent: T for fixed length, else kDecodeVarlenGroup; direct stages none)
   int blocks_per_sm = 4;  ///< resident blocks per SM the registers and shared memory allow
   int64_t items = 0;      ///< work items: N * HV * slices
   /// grid (persistent: min(items, SMs * blocks_per_sm) blocks; direct: one block per item, at
@@ -141,12 +125,11 @@ struct DecodePlan {
 /// persistent grid of at most as many blocks as fit on the SMs at once, each looping over work
 /// items with the next items' state copies in flight. smem_attr is the kernel's largest
 /// request (T = 16, 4 warps) so that the attribute is the same on every call.
-/// Direct: one block per item. v-first: blocks of 4 warps while the head's 1-warp items
-/// (128 / warp_rows of them) times N * HV reach 8 * SMs, else of 2 warps while they reach
+/// Direct: one block per item, in either layout: blocks of 4 warps while the head's 1-warp
+/// items (128 / warp_tile of them) times N * HV reach 8 * SMs, else of 2 warps while they reach
 /// 4 * SMs, else of 1 warp: the grid then has at least ~2 blocks a SM or is a head's finest
 /// split (1 x 32 heads fp32: 512 one-warp blocks of 8 rows = 4 KB each). Every warp runs its
-/// rows alone, so the split only spreads the warps over the SMs. k-first blocks are always 4
-/// warps x 32 columns (4 items per head).
+/// tile alone, so the split only spreads the warps over the SMs.
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel = DecodeKernel::Auto);
 

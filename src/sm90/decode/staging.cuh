@@ -1,6 +1,6 @@
 // Shared-memory slots of the sm_90a persistent decode kernel and the element access helpers
 // the decode kernels share (global and shared memory). Device code, included by decode.cu,
-// direct.cu and direct_vfirst.cu.
+// direct_warp.cu.
 #pragma once
 
 #include <cstdint>

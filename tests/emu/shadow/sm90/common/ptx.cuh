@@ -4,8 +4,11 @@
 // kernels call is here; a kernel that needs more fails to compile, which names what to add.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace flash_kda::sm90::ptx {
 
@@ -13,6 +16,7 @@ inline float ex2(float x) { return std::exp2(x); }
 inline float rcp(float x) { return 1.f / x; }
 inline float rsqrt(float x) { return 1.f / std::sqrt(x); }
 inline float lg2(float x) { return std::log2(x); }
+inline void st_global_v4(void* p, const uint4& v) { std::memcpy(p, &v, sizeof v); }
 
 struct FastMath {
   float exp2(float x) const { return ex2(x); }
