@@ -142,12 +142,23 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   EXPECT_EQ(packed_one.warps, 1);
   EXPECT_EQ(packed_one.slices, 8);
   EXPECT_EQ(packed_one.launch.grid_x, 256u);
-  // More tokens, or varlen, keep the fp32 form of 8 rows a warp.
+  // More tokens, or varlen: the split form (16 rows, half of them in 4 KB of shared memory a
+  // warp) from 4 of its warps a SM (N * HV * 8 >= 4 * 132: 66 heads), else 8 rows a warp.
   for (auto [t, varlen] : {std::pair<int64_t, bool>{2, false}, {1, true}}) {
     const auto general = make_decode_plan(shape(256, 32, t, varlen), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
     EXPECT_FALSE(general.one_token);
-    EXPECT_EQ(general.warp_tile, 8);
-    EXPECT_EQ(general.slices, 4);
+    EXPECT_TRUE(general.split);
+    EXPECT_EQ(general.warp_tile, 16);
+    EXPECT_EQ(general.slices, 2);
+    EXPECT_EQ(general.launch.smem_bytes, 4 * 4096);
+    for (int64_t heads : {65, 66}) {
+      const auto edge = make_decode_plan(shape(1, heads, t, varlen), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
+      EXPECT_EQ(edge.split, heads == 66);
+      EXPECT_EQ(edge.warp_tile, heads == 66 ? 16 : 8);
+      EXPECT_EQ(edge.launch.smem_bytes, heads == 66 ? edge.warps * 4096 : 0);
+    }
+    // fp32 pools never split.
+    EXPECT_FALSE(make_decode_plan(shape(256, 32, t, varlen), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).split);
   }
   // Each v-first warp runs all of its tokens alone: the token count does not change the split.
   for (int64_t t : {2, 3, 16})
@@ -167,7 +178,7 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
 TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
   // What the direct kernels rely on, over shapes, dtypes, layouts and token counts: a block's
   // columns are its warps' rows, the slices of a head cover its 128 value rows or columns once,
-  // and the rows (columns) a warp match direct_warp_tile; no shared memory.
+  // and the rows (columns) a warp match direct_warp_tile; shared memory only in the split form.
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
     for (int bytes : {2, 4})
       for (int64_t n : {1, 3, 9, 64, 1024})
@@ -177,9 +188,11 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
             SCOPED_TRACE(testing::Message() << int(layout) << " " << bytes << " " << n << "x" << hv << " T " << t
                                             << (varlen ? " varlen" : ""));
             EXPECT_EQ(plan.one_token, !varlen && t == 1);
-            EXPECT_EQ(plan.warp_tile, flash_kda::sm90::direct_warp_tile(bytes, plan.one_token));
+            EXPECT_EQ(plan.split, plan.warp_tile == 16 && !plan.one_token);
+            EXPECT_EQ(plan.warp_tile, flash_kda::sm90::direct_warp_tile(bytes, plan.one_token, plan.split));
             EXPECT_EQ(plan.block_cols, plan.warps * plan.warp_tile);
-            EXPECT_EQ(plan.launch.smem_bytes, 0);
+            EXPECT_EQ(plan.launch.smem_bytes, plan.split ? plan.warps * 4096 : 0);
+            EXPECT_LE(plan.launch.smem_bytes, 48 * 1024);  // no attribute to set
             EXPECT_EQ(plan.launch.smem_attr, 0);
             EXPECT_EQ(plan.slices * plan.block_cols, 128);
             EXPECT_EQ(plan.items, n * hv * plan.slices);

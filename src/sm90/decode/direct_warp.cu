@@ -1,7 +1,8 @@
 // The sm_90a direct decode kernel: the same call as the persistent kernel (decode.cu, semantics
 // in include/flash_kda/decode.h), one block per work item, and inside it every warp runs its own
 // tile of the item's state, all 128 keys of some value rows (v-first [V, K]) or columns (k-first
-// [K, V]), from its first load to its last store, with no shared memory and no block barrier.
+// [K, V]), from its first load to its last store, with no block barrier (and no shared memory
+// but the split form's, each lane its own words).
 //
 // Why this shape. The call moves the states' bytes and little else, so an SM must keep state
 // reads in flight all the time (~32 KB at 4.25 TB/s and ~1 us of loaded latency). A block that
@@ -23,8 +24,8 @@
 //   that computed it.
 // - Pool semantics as decode.cu: the start slot decides a skip (negative or >= P: zero rows of
 //   out, no state access); [N, T] indices send each token's state to its own valid slot.
-// Modes: state layout, pool dtype, gate mode and one token a sequence (kOneToken) are template
-// parameters (24 kernels); input dtypes, index kind and the beta / norm flags are uniform
+// Modes: state layout, pool dtype, gate mode, one token a sequence (kOneToken) and the tile are
+// template parameters (30 kernels); input dtypes, index kind and the beta / norm flags are uniform
 // run-time branches.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -34,6 +35,7 @@
 
 #include "common/gate.h"
 #include "sm90/common/bf16.cuh"
+#include "sm90/common/dynamic_smem.cuh"
 #include "sm90/common/launch_config.h"
 #include "sm90/common/ptx.cuh"
 #include "sm90/decode/direct.h"
@@ -183,23 +185,29 @@ struct Token {
   int64_t slot;
 };
 
-/// The forms (a warp owns all 128 keys of its tile):
-/// - 8 rows (columns) a warp, held in fp32 across the tokens (fp32 pools; bf16 pools with more
-///   than one token a sequence), token t + 1's inputs loaded into registers while token t runs.
-/// - bf16 pool, kOneToken (fixed length T = 1, the packed form): 16 rows (columns) a warp, kept
-///   as the loaded bf16 vectors and decayed and updated in fp32 as they are read (the state is
-///   rounded once, at its store, as in the other form), so that a lane's 64 elements fit in 32
-///   registers: a bf16 warp of 8 rows has half the bytes of an fp32 one in flight for the same
-///   latency and instructions, which holds a bf16 pool at ~1.9x of the floor where fp32 sits
-///   at ~1.1x (docs/performance.md, "Decode").
-template <StateLayout L, typename PoolT, GateMode Gate, bool kOneToken>
+/// The forms (a warp owns all 128 keys of its tile of kTile rows or columns):
+/// - 8 a warp, held in fp32 across the tokens (fp32 pools; bf16 pools with more than one token
+///   a sequence on few heads), token t + 1's inputs loaded into registers while token t runs.
+/// - bf16 pool, kOneToken (fixed length T = 1, the packed form): 16 a warp, kept as the loaded
+///   bf16 vectors and decayed and updated in fp32 as they are read (the state is rounded once,
+///   at its store, as in the other forms), so that a lane's 64 elements fit in 32 registers: a
+///   bf16 warp of 8 rows has half the bytes of an fp32 one in flight for the same latency and
+///   instructions, which holds a bf16 pool at ~1.9x of the floor where fp32 sits at ~1.1x
+///   (docs/performance.md, "Decode").
+/// - bf16 pool, more tokens, kTile = 16 (the split form): 16 a warp in fp32, half of the lane's
+///   vectors in registers and half in the warp's own shared memory (each lane its own 16-byte
+///   words: no barrier), read twice and written once a token, so that a warp has 4 KB of state
+///   in flight as the fp32 form does (ptxas spills 140-200 bytes a lane there, fewer than
+///   without the next token's loads ahead).
+template <StateLayout L, typename PoolT, GateMode Gate, bool kOneToken, int kTile>
 __global__ void __launch_bounds__(128, kDirectMinBlocks)
     direct_warp_kernel(const DecodeParams p) {
   constexpr bool kPacked = kOneToken && sizeof(PoolT) == 2;
-  constexpr int kTile = direct_warp_tile(int(sizeof(PoolT)), kOneToken);  // rows (columns) a warp owns
-  static_assert(kTile == (kPacked ? 2 * kDirectWarpTile : kDirectWarpTile), "the forms above");
+  constexpr bool kSplit = !kOneToken && sizeof(PoolT) == 2 && kTile == 2 * kDirectWarpTile;
+  static_assert(kTile == direct_warp_tile(int(sizeof(PoolT)), kOneToken, kSplit), "the forms above");
   using F = Tile<L, PoolT, kTile>;
   constexpr int E = F::E, NR = F::NR, NK = F::NK, NO = F::NO;
+  constexpr int NF = kPacked ? 0 : (kSplit ? NR / 2 : NR);  // vectors held in fp32 registers
   constexpr int64_t kHeadElems = int64_t(kD) * kD;
   const int warps = int(blockDim.x) / 32;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -332,12 +340,34 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
     };
 
     const int64_t out_base = bat * p.out.batch + hv * p.out.head + first;
-    // The state in fp32 (the packed form keeps `raw` instead).
-    float f[kPacked ? 1 : NR][E];
+    // The state in fp32: vectors 0 .. NF - 1 in registers, the split form's others in the
+    // lane's shared-memory words (the packed form keeps `raw` instead).
+    float f[NF > 0 ? NF : 1][E];
+    float4* const spill = reinterpret_cast<float4*>(dynamic_smem()) + warp * 32 + lane;
+    auto spill_word = [&](int c, int j) -> float4& { return spill[((c - NF) * (E / 4) + j) * warps * 32]; };
+    auto load_spill = [&](int c, float (&x)[E]) {
+#pragma unroll
+      for (int j = 0; j < E / 4; ++j) {
+        const float4 w = spill_word(c, j);
+        x[4 * j] = w.x, x[4 * j + 1] = w.y, x[4 * j + 2] = w.z, x[4 * j + 3] = w.w;
+      }
+    };
+    auto store_spill = [&](int c, const float (&x)[E]) {
+#pragma unroll
+      for (int j = 0; j < E / 4; ++j) spill_word(c, j) = make_float4(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
+    };
     auto unpack = [&]() {
       if constexpr (!kPacked) {
 #pragma unroll
-        for (int c = 0; c < NR; ++c) unpack_vec<PoolT>(raw[c], f[c]);
+        for (int c = 0; c < NR; ++c) {
+          if (c < NF) {
+            unpack_vec<PoolT>(raw[c], f[c < NF ? c : 0]);
+          } else {
+            float x[E];
+            unpack_vec<PoolT>(raw[c], x);
+            store_spill(c, x);
+          }
+        }
       }
     };
     // The lane's vectors of the current state to pool slot (or final_state row) dst.
@@ -345,8 +375,15 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
       PoolT* s = static_cast<PoolT*>(p.state_out) + dst * p.out_slot_stride + tile;
 #pragma unroll
       for (int c = 0; c < NR; ++c) {
-        if constexpr (kPacked) ptx::st_global_v4(s + F::offset(c, lane), raw[c]);
-        else ptx::st_global_v4(s + F::offset(c, lane), pack_vec<PoolT>(f[c]));
+        if constexpr (kPacked) {
+          ptx::st_global_v4(s + F::offset(c, lane), raw[c]);
+        } else if (c < NF) {
+          ptx::st_global_v4(s + F::offset(c, lane), pack_vec<PoolT>(f[c < NF ? c : 0]));
+        } else {
+          float x[E];
+          load_spill(c, x);
+          ptx::st_global_v4(s + F::offset(c, lane), pack_vec<PoolT>(x));
+        }
       }
     };
     if (len == 0) {  // a sequence of no tokens (varlen, no pool) passes its start state through
@@ -365,13 +402,15 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
       for (int o = 0; o < NO; ++o) ak[o] = aq[o] = 0.f;
 #pragma unroll
       for (int c = 0; c < NR; ++c) {
+        const bool held = !kPacked && c < NF;  // else decayed here and again at the update
         float x[E];
         if constexpr (kPacked) unpack_vec<PoolT>(raw[c], x);
+        else if (!held) load_spill(c, x);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
           const float d = y.d[F::key_of(c, e)];
-          if constexpr (kPacked) x[e] *= d;
-          else x[e] = f[c][e] *= d;
+          if (held) x[e] = f[c < NF ? c : 0][e] *= d;
+          else x[e] *= d;
         }
 #pragma unroll
         for (int e = 0; e < E; ++e) {
@@ -397,12 +436,14 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
       for (int o = 0; o < NO; ++o) us[o] = __shfl_sync(0xffffffffu, u, F::holder(o, lane));
 #pragma unroll
       for (int c = 0; c < NR; ++c) {
-        if constexpr (kPacked) {
+        if (kPacked || c >= NF) {
           float x[E];
-          unpack_vec<PoolT>(raw[c], x);
+          if constexpr (kPacked) unpack_vec<PoolT>(raw[c], x);
+          else load_spill(c, x);
 #pragma unroll
           for (int e = 0; e < E; ++e) x[e] = fmaf(y.k[F::key_of(c, e)], us[F::sum_of(c, e)], x[e] * y.d[F::key_of(c, e)]);
-          raw[c] = pack_vec<PoolT>(x);
+          if constexpr (kPacked) raw[c] = pack_vec<PoolT>(x);
+          else store_spill(c, x);
         } else {
 #pragma unroll
           for (int e = 0; e < E; ++e) f[c][e] = fmaf(y.k[F::key_of(c, e)], us[F::sum_of(c, e)], f[c][e]);
@@ -432,29 +473,31 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
   }
 }
 
-template <StateLayout L, typename PoolT, bool kOneToken>
+template <StateLayout L, typename PoolT, bool kOneToken, int kTile>
 cudaError_t launch_gate(GateMode gate, const KernelLaunch& k, uint64_t ctx, const DecodeParams& p, cudaStream_t stream) {
   switch (gate) {
     case GateMode::SafeSigmoid:
-      return launch_planned<direct_warp_kernel<L, PoolT, GateMode::SafeSigmoid, kOneToken>>(k, ctx, p, stream);
+      return launch_planned<direct_warp_kernel<L, PoolT, GateMode::SafeSigmoid, kOneToken, kTile>>(k, ctx, p, stream);
     case GateMode::Softplus:
-      return launch_planned<direct_warp_kernel<L, PoolT, GateMode::Softplus, kOneToken>>(k, ctx, p, stream);
-    default: return launch_planned<direct_warp_kernel<L, PoolT, GateMode::PreGated, kOneToken>>(k, ctx, p, stream);
+      return launch_planned<direct_warp_kernel<L, PoolT, GateMode::Softplus, kOneToken, kTile>>(k, ctx, p, stream);
+    default:
+      return launch_planned<direct_warp_kernel<L, PoolT, GateMode::PreGated, kOneToken, kTile>>(k, ctx, p, stream);
   }
 }
 
-template <StateLayout L, typename PoolT>
-cudaError_t launch_tokens(bool one_token, GateMode gate, const KernelLaunch& k, uint64_t ctx, const DecodeParams& p,
-                          cudaStream_t stream) {
-  return one_token ? launch_gate<L, PoolT, true>(gate, k, ctx, p, stream)
-                   : launch_gate<L, PoolT, false>(gate, k, ctx, p, stream);
-}
-
+// The forms (the kernel's comment): fp32 8 a warp; bf16 one token 16 (packed); bf16 more
+// tokens 8, or 16 split as the plan says.
 template <StateLayout L>
 cudaError_t launch_pool(bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx, const DecodeParams& p,
                         cudaStream_t stream) {
-  return bf16_pool ? launch_tokens<L, __nv_bfloat16>(plan.one_token, gate, plan.launch, ctx, p, stream)
-                   : launch_tokens<L, float>(plan.one_token, gate, plan.launch, ctx, p, stream);
+  const KernelLaunch& k = plan.launch;
+  constexpr int kWide = 2 * kDirectWarpTile;
+  if (!bf16_pool)
+    return plan.one_token ? launch_gate<L, float, true, kDirectWarpTile>(gate, k, ctx, p, stream)
+                          : launch_gate<L, float, false, kDirectWarpTile>(gate, k, ctx, p, stream);
+  if (plan.one_token) return launch_gate<L, __nv_bfloat16, true, kWide>(gate, k, ctx, p, stream);
+  return plan.warp_tile == kWide ? launch_gate<L, __nv_bfloat16, false, kWide>(gate, k, ctx, p, stream)
+                                 : launch_gate<L, __nv_bfloat16, false, kDirectWarpTile>(gate, k, ctx, p, stream);
 }
 
 }  // namespace

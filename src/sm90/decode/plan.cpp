@@ -25,7 +25,9 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   const int64_t heads = p.num_seqs * p.value_heads;
   plan.one_token = !p.varlen && p.seqlen == 1;
   // Each warp runs its tile alone: the split only spreads the warps over the SMs.
-  plan.warp_tile = direct_warp_tile(state_bytes, plan.one_token);
+  plan.split = state_bytes == 2 && !plan.one_token &&
+               heads * (kDecodeHeadDim / (2 * kDirectWarpTile)) >= kDirectSplitMinWarpsPerSm * sms;
+  plan.warp_tile = direct_warp_tile(state_bytes, plan.one_token, plan.split);
   const int64_t per_head = kDecodeHeadDim / plan.warp_tile;  // 1-warp items of a head
   plan.warps = heads * per_head >= 8 * sms ? 4 : (heads * per_head >= 4 * sms ? 2 : 1);
   plan.block_cols = plan.warps * plan.warp_tile;
@@ -33,10 +35,12 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   plan.token_group = token_group(p);
   plan.items = heads * plan.slices;
   const int threads = plan.warps * 32;
-  plan.blocks_per_sm = blocks_per_sm(threads, 0, kDirectMinBlocks * 128 / threads);
+  const int smem = direct_smem_bytes(plan.warps, plan.warp_tile, state_bytes, plan.one_token);
+  plan.blocks_per_sm = blocks_per_sm(threads, smem, kDirectMinBlocks * 128 / threads);
   plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
   plan.launch.block = uint32_t(threads);
-  return plan;  // no shared memory (direct_warp.cu)
+  plan.launch.smem_bytes = smem;  // <= 16 KB: no attribute to set
+  return plan;
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 //   and its state bytes in flight are what its shared-memory stages hold (~16 KB a block).
 // - direct (direct_warp.cu): one block per work item, its state slice loaded straight into
 //   registers with 16-byte loads at the block's first instructions; every warp runs its own
-//   value rows (v-first) or columns (k-first) with no shared memory and no barrier (8, or 16
-//   for a bf16 pool with one token a sequence: 4 KB of state a warp).
+//   value rows (v-first) or columns (k-first) with no block barrier (8, or 16 for a bf16 pool
+//   with one token a sequence or in the split form: 4 KB of state a warp).
 // The auto rule (here and in plan.cpp only): always the direct kernel. In one H200 sweep
 // (graph-timed; docs/notes/2026-12-01_breadth-and-decode.md, its 48-point table) it took
 // 0.44-1.0x of the persistent kernel's time at 47 of the 48 v-first points (1024 x 32 T = 1:
@@ -89,10 +89,20 @@ constexpr int decode_smem_bytes(int warps, int tg, int state_bytes) {
 /// tile of a warp, all 128 keys of them (32 state elements a lane; direct_warp.cu's tiles).
 inline constexpr int kDirectWarpTile = 8;
 /// Direct kernel: value rows (columns) one warp owns for a pool of `state_bytes` bytes per
-/// element: 8, or 16 for a bf16 pool with one token a sequence (direct_warp.cu's packed form:
-/// 4 KB of state a warp, as fp32's 8), in either layout.
-constexpr int direct_warp_tile(int state_bytes, bool one_token) {
-  return state_bytes == 2 && one_token ? 2 * kDirectWarpTile : kDirectWarpTile;
+/// element, in either layout: 8 (fp32), or 16 for a bf16 pool with one token a sequence
+/// (direct_warp.cu's packed form: 4 KB of state a warp, as fp32's 8) or in the split form
+/// (`split`: more tokens, half of the fp32 state in shared memory).
+constexpr int direct_warp_tile(int state_bytes, bool one_token, bool split = false) {
+  return state_bytes == 2 && (one_token || split) ? 2 * kDirectWarpTile : kDirectWarpTile;
+}
+/// Direct kernel, bf16 pool with more than one token a sequence: the split form (16 a warp) once
+/// a call has at least this many of its warps per SM (N * HV * 8 >= this * SMs). Below, the
+/// 8-row form: half the work a warp, so that a small batch's latency stays that of 8 rows.
+inline constexpr int kDirectSplitMinWarpsPerSm = 4;
+/// Direct kernel's dynamic shared memory: the split form's fp32 half of every lane's state
+/// (4 KB a warp); none in the other forms.
+constexpr int direct_smem_bytes(int warps, int warp_tile, int state_bytes, bool one_token) {
+  return state_bytes == 2 && !one_token && warp_tile == 2 * kDirectWarpTile ? warps * 4096 : 0;
 }
 /// Direct kernel: 128-thread blocks per SM its registers are built for (__launch_bounds__(128,
 /// 4): <= 128 registers a lane; ptxas spills a few words in the multi-token forms, none in the
@@ -108,6 +118,7 @@ struct DecodePlan {
   int warps = 4;          ///< warps per block
   bool one_token = false;  ///< fixed length T = 1 (direct: its own kernels)
   int warp_tile = 8;      ///< direct: value rows (columns) a warp owns (direct_warp_tile)
+  bool split = false;     ///< direct: the split form (bf16 pool, more tokens, 16 a warp)
   int slices = 4;         ///< work items per (sequence, value head): 128 / block_cols
   int token_group = 1;    ///< tokens staged per round in shared memory (persistent: T for fixed length, else kDecodeVarlenGroup; direct stages none)
   int blocks_per_sm = 4;  ///< resident blocks per SM the registers and shared memory allow
@@ -129,7 +140,9 @@ struct DecodePlan {
 /// items (128 / warp_tile of them) times N * HV reach 8 * SMs, else of 2 warps while they reach
 /// 4 * SMs, else of 1 warp: the grid then has at least ~2 blocks a SM or is a head's finest
 /// split (1 x 32 heads fp32: 512 one-warp blocks of 8 rows = 4 KB each). Every warp runs its
-/// tile alone, so the split only spreads the warps over the SMs.
+/// tile alone, so the split only spreads the warps over the SMs. A bf16 pool with more than
+/// one token a sequence takes the split form (16 a warp) from kDirectSplitMinWarpsPerSm of its
+/// warps a SM.
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel = DecodeKernel::Auto);
 
