@@ -121,7 +121,7 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   const auto four = make_decode_plan(shape(2, 33, 1, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct);
   EXPECT_EQ(four.warps, 4);
   EXPECT_EQ(four.slices, 4);
-  // The same heads with a bf16 pool and one token (16 rows, 8 items a head): one split finer.
+  // The same heads with a bf16 pool in wide tiles (16 rows, 8 items a head): one split finer.
   EXPECT_EQ(make_decode_plan(shape(2, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct).warps, 2);
   EXPECT_EQ(make_decode_plan(shape(4, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct).warps, 4);
   // Large batches: one block per item (no persistent loop), 4 blocks of 128 threads a SM.
@@ -131,34 +131,38 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   EXPECT_EQ(big.blocks_per_sm, flash_kda::sm90::kDirectMinBlocks);
   EXPECT_TRUE(big.one_token);
   EXPECT_EQ(big.warp_tile, 8);
-  // One token a sequence with a bf16 pool: 16 rows a warp (the packed form), 2 items a head at
-  // 4 warps; the split counts those 1-warp items (8 a head): 1 x 32 heads, 256 of them.
+  // A bf16 pool takes wide tiles (16 rows a warp) from 4 of them a SM (N * HV * 8 >= 4 * 132:
+  // 66 heads), else 8 rows. One token a sequence: the packed form, 2 items a head at 4 warps.
   const auto packed = make_decode_plan(shape(256, 32, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
+  EXPECT_TRUE(packed.wide);
   EXPECT_EQ(packed.warp_tile, 16);
   EXPECT_EQ(packed.warps, 4);
   EXPECT_EQ(packed.block_cols, 64);
   EXPECT_EQ(packed.slices, 2);
-  const auto packed_one = make_decode_plan(shape(1, 32, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
-  EXPECT_EQ(packed_one.warps, 1);
-  EXPECT_EQ(packed_one.slices, 8);
-  EXPECT_EQ(packed_one.launch.grid_x, 256u);
-  // More tokens, or varlen: the split form (16 rows, half of them in 4 KB of shared memory a
-  // warp) from 4 of its warps a SM (N * HV * 8 >= 4 * 132: 66 heads), else 8 rows a warp.
-  for (auto [t, varlen] : {std::pair<int64_t, bool>{2, false}, {1, true}}) {
+  EXPECT_EQ(packed.launch.smem_bytes, 0);
+  // 1 x 32 heads: 8 rows a warp, as fp32 (512 one-warp blocks).
+  const auto narrow_one = make_decode_plan(shape(1, 32, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
+  EXPECT_FALSE(narrow_one.wide);
+  EXPECT_EQ(narrow_one.warps, 1);
+  EXPECT_EQ(narrow_one.slices, 16);
+  EXPECT_EQ(narrow_one.launch.grid_x, 512u);
+  // More tokens, or varlen: the split form (half of the rows in 4 KB of shared memory a warp).
+  for (auto [t, varlen] : {std::pair<int64_t, bool>{1, false}, {2, false}, {1, true}}) {
+    const bool one = t == 1 && !varlen;
     const auto general = make_decode_plan(shape(256, 32, t, varlen), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
-    EXPECT_FALSE(general.one_token);
-    EXPECT_TRUE(general.split);
+    EXPECT_EQ(general.one_token, one);
+    EXPECT_TRUE(general.wide);
     EXPECT_EQ(general.warp_tile, 16);
     EXPECT_EQ(general.slices, 2);
-    EXPECT_EQ(general.launch.smem_bytes, 4 * 4096);
+    EXPECT_EQ(general.launch.smem_bytes, one ? 0 : 4 * 4096);
     for (int64_t heads : {65, 66}) {
       const auto edge = make_decode_plan(shape(1, heads, t, varlen), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
-      EXPECT_EQ(edge.split, heads == 66);
+      EXPECT_EQ(edge.wide, heads == 66);
       EXPECT_EQ(edge.warp_tile, heads == 66 ? 16 : 8);
-      EXPECT_EQ(edge.launch.smem_bytes, heads == 66 ? edge.warps * 4096 : 0);
+      EXPECT_EQ(edge.launch.smem_bytes, heads == 66 && !one ? edge.warps * 4096 : 0);
     }
-    // fp32 pools never split.
-    EXPECT_FALSE(make_decode_plan(shape(256, 32, t, varlen), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).split);
+    // fp32 pools: always 8 rows.
+    EXPECT_FALSE(make_decode_plan(shape(256, 32, t, varlen), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).wide);
   }
   // Each v-first warp runs all of its tokens alone: the token count does not change the split.
   for (int64_t t : {2, 3, 16})
@@ -178,7 +182,8 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
 TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
   // What the direct kernels rely on, over shapes, dtypes, layouts and token counts: a block's
   // columns are its warps' rows, the slices of a head cover its 128 value rows or columns once,
-  // and the rows (columns) a warp match direct_warp_tile; shared memory only in the split form.
+  // and the rows (columns) a warp match direct_warp_tile; shared memory only in the split form
+  // (wide, more than one token).
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
     for (int bytes : {2, 4})
       for (int64_t n : {1, 3, 9, 64, 1024})
@@ -188,10 +193,10 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
             SCOPED_TRACE(testing::Message() << int(layout) << " " << bytes << " " << n << "x" << hv << " T " << t
                                             << (varlen ? " varlen" : ""));
             EXPECT_EQ(plan.one_token, !varlen && t == 1);
-            EXPECT_EQ(plan.split, plan.warp_tile == 16 && !plan.one_token);
-            EXPECT_EQ(plan.warp_tile, flash_kda::sm90::direct_warp_tile(bytes, plan.one_token, plan.split));
+            EXPECT_EQ(plan.wide, bytes == 2 && n * hv * 8 >= 4 * 132);
+            EXPECT_EQ(plan.warp_tile, flash_kda::sm90::direct_warp_tile(bytes, plan.wide));
             EXPECT_EQ(plan.block_cols, plan.warps * plan.warp_tile);
-            EXPECT_EQ(plan.launch.smem_bytes, plan.split ? plan.warps * 4096 : 0);
+            EXPECT_EQ(plan.launch.smem_bytes, plan.wide && !plan.one_token ? plan.warps * 4096 : 0);
             EXPECT_LE(plan.launch.smem_bytes, 48 * 1024);  // no attribute to set
             EXPECT_EQ(plan.launch.smem_attr, 0);
             EXPECT_EQ(plan.slices * plan.block_cols, 128);

@@ -25,7 +25,7 @@
 // - Pool semantics as decode.cu: the start slot decides a skip (negative or >= P: zero rows of
 //   out, no state access); [N, T] indices send each token's state to its own valid slot.
 // Modes: state layout, pool dtype, gate mode, one token a sequence (kOneToken) and the tile are
-// template parameters (30 kernels); input dtypes, index kind and the beta / norm flags are uniform
+// template parameters (36 kernels); input dtypes, index kind and the beta / norm flags are uniform
 // run-time branches.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -186,9 +186,9 @@ struct Token {
 };
 
 /// The forms (a warp owns all 128 keys of its tile of kTile rows or columns):
-/// - 8 a warp, held in fp32 across the tokens (fp32 pools; bf16 pools with more than one token
-///   a sequence on few heads), token t + 1's inputs loaded into registers while token t runs.
-/// - bf16 pool, kOneToken (fixed length T = 1, the packed form): 16 a warp, kept as the loaded
+/// - 8 a warp, held in fp32 across the tokens (fp32 pools; bf16 pools on few heads), token
+///   t + 1's inputs loaded into registers while token t runs.
+/// - bf16 pool, kTile = 16, kOneToken (fixed length T = 1, the packed form): 16 a warp, kept as the loaded
 ///   bf16 vectors and decayed and updated in fp32 as they are read (the state is rounded once,
 ///   at its store, as in the other forms), so that a lane's 64 elements fit in 32 registers: a
 ///   bf16 warp of 8 rows has half the bytes of an fp32 one in flight for the same latency and
@@ -202,9 +202,9 @@ struct Token {
 template <StateLayout L, typename PoolT, GateMode Gate, bool kOneToken, int kTile>
 __global__ void __launch_bounds__(128, kDirectMinBlocks)
     direct_warp_kernel(const DecodeParams p) {
-  constexpr bool kPacked = kOneToken && sizeof(PoolT) == 2;
-  constexpr bool kSplit = !kOneToken && sizeof(PoolT) == 2 && kTile == 2 * kDirectWarpTile;
-  static_assert(kTile == direct_warp_tile(int(sizeof(PoolT)), kOneToken, kSplit), "the forms above");
+  constexpr bool kWide = sizeof(PoolT) == 2 && kTile == 2 * kDirectWarpTile;
+  constexpr bool kPacked = kWide && kOneToken, kSplit = kWide && !kOneToken;
+  static_assert(kTile == direct_warp_tile(int(sizeof(PoolT)), kWide), "the forms above");
   using F = Tile<L, PoolT, kTile>;
   constexpr int E = F::E, NR = F::NR, NK = F::NK, NO = F::NO;
   constexpr int NF = kPacked ? 0 : (kSplit ? NR / 2 : NR);  // vectors held in fp32 registers
@@ -231,6 +231,26 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
     const int64_t tok0 = varlen ? p.seq.start(n) : 0;
     const int64_t len = varlen ? p.seq.length(n) : p.seq.seqlen;
     const int64_t bat = varlen ? 0 : n;
+    const int h = hv / p.group;
+    auto load_token = [&](int64_t t) {
+      TokenRaw<NK> x;
+      const int64_t row = tok0 + t;
+      x.q = load_vec<NK>(p.q.data, bat * p.q.batch + row * p.q.token + h * p.q.head + kb, p.q.f32);
+      x.k = load_vec<NK>(p.k.data, bat * p.k.batch + row * p.k.token + h * p.k.head + kb, p.k.f32);
+      x.g = load_vec<NK>(p.g.data, bat * p.g.batch + row * p.g.token + hv * p.g.head + kb, p.g.f32);
+      const int64_t vi = bat * p.v.batch + row * p.v.token + hv * p.v.head + first + v_own;
+      x.v_bits = p.v.f32 ? static_cast<const uint32_t*>(p.v.data)[vi]
+                         : uint32_t(static_cast<const unsigned short*>(p.v.data)[vi]);
+      x.beta_bits = load_beta_bits(p.beta, bat * p.beta.batch + row * p.beta.token + hv * p.beta.head);
+      x.slot = p.index_kind == IndexKind::PerToken
+                   ? load_index(p.indices, n * p.idx_seq_stride + t * p.idx_tok_stride, p.indices_64)
+                   : -1;
+      return x;
+    };
+    // Token 0's inputs do not depend on the slot: their loads are in flight while the slot
+    // index is read (the latency of a small batch: the index, then the state).
+    TokenRaw<NK> next{};
+    if (len > 0) next = load_token(0);
     int64_t slot = n;
     bool skip = false;
     if (p.index_kind != IndexKind::None) {
@@ -264,7 +284,6 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
     }
 
     // The gate's per-head constants and this lane's NK channels of dt_bias.
-    const int h = hv / p.group;
     float bias[NK];
 #pragma unroll
     for (int e = 0; e < NK; ++e) bias[e] = 0.f;
@@ -285,21 +304,6 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
       }
     }
 
-    auto load_token = [&](int64_t t) {
-      TokenRaw<NK> x;
-      const int64_t row = tok0 + t;
-      x.q = load_vec<NK>(p.q.data, bat * p.q.batch + row * p.q.token + h * p.q.head + kb, p.q.f32);
-      x.k = load_vec<NK>(p.k.data, bat * p.k.batch + row * p.k.token + h * p.k.head + kb, p.k.f32);
-      x.g = load_vec<NK>(p.g.data, bat * p.g.batch + row * p.g.token + hv * p.g.head + kb, p.g.f32);
-      const int64_t vi = bat * p.v.batch + row * p.v.token + hv * p.v.head + first + v_own;
-      x.v_bits = p.v.f32 ? static_cast<const uint32_t*>(p.v.data)[vi]
-                         : uint32_t(static_cast<const unsigned short*>(p.v.data)[vi]);
-      x.beta_bits = load_beta_bits(p.beta, bat * p.beta.batch + row * p.beta.token + hv * p.beta.head);
-      x.slot = p.index_kind == IndexKind::PerToken
-                   ? load_index(p.indices, n * p.idx_seq_stride + t * p.idx_tok_stride, p.indices_64)
-                   : -1;
-      return x;
-    };
     auto finish_token = [&](const TokenRaw<NK>& x) {
       Token<NK> y;
       finish_vec<NK>(x.q, p.q.f32, y.q);
@@ -457,7 +461,6 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
 
     // Token 0 is finished while the state loads are in flight; each later token's loads are
     // issued before the token ahead of it runs.
-    TokenRaw<NK> next = load_token(0);
     Token<NK> cur = finish_token(next);
     unpack();  // the state loads are first waited for here
     if constexpr (kOneToken) {
@@ -485,19 +488,22 @@ cudaError_t launch_gate(GateMode gate, const KernelLaunch& k, uint64_t ctx, cons
   }
 }
 
-// The forms (the kernel's comment): fp32 8 a warp; bf16 one token 16 (packed); bf16 more
-// tokens 8, or 16 split as the plan says.
+template <StateLayout L, typename PoolT, int kTile>
+cudaError_t launch_tokens(bool one_token, GateMode gate, const KernelLaunch& k, uint64_t ctx, const DecodeParams& p,
+                          cudaStream_t stream) {
+  return one_token ? launch_gate<L, PoolT, true, kTile>(gate, k, ctx, p, stream)
+                   : launch_gate<L, PoolT, false, kTile>(gate, k, ctx, p, stream);
+}
+
+// The forms (the kernel's comment): fp32 8 a warp; bf16 8, or 16 (packed or split) as the
+// plan says.
 template <StateLayout L>
 cudaError_t launch_pool(bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx, const DecodeParams& p,
                         cudaStream_t stream) {
   const KernelLaunch& k = plan.launch;
-  constexpr int kWide = 2 * kDirectWarpTile;
-  if (!bf16_pool)
-    return plan.one_token ? launch_gate<L, float, true, kDirectWarpTile>(gate, k, ctx, p, stream)
-                          : launch_gate<L, float, false, kDirectWarpTile>(gate, k, ctx, p, stream);
-  if (plan.one_token) return launch_gate<L, __nv_bfloat16, true, kWide>(gate, k, ctx, p, stream);
-  return plan.warp_tile == kWide ? launch_gate<L, __nv_bfloat16, false, kWide>(gate, k, ctx, p, stream)
-                                 : launch_gate<L, __nv_bfloat16, false, kDirectWarpTile>(gate, k, ctx, p, stream);
+  if (!bf16_pool) return launch_tokens<L, float, kDirectWarpTile>(plan.one_token, gate, k, ctx, p, stream);
+  return plan.wide ? launch_tokens<L, __nv_bfloat16, 2 * kDirectWarpTile>(plan.one_token, gate, k, ctx, p, stream)
+                   : launch_tokens<L, __nv_bfloat16, kDirectWarpTile>(plan.one_token, gate, k, ctx, p, stream);
 }
 
 }  // namespace

@@ -25,9 +25,8 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   const int64_t heads = p.num_seqs * p.value_heads;
   plan.one_token = !p.varlen && p.seqlen == 1;
   // Each warp runs its tile alone: the split only spreads the warps over the SMs.
-  plan.split = state_bytes == 2 && !plan.one_token &&
-               heads * (kDecodeHeadDim / (2 * kDirectWarpTile)) >= kDirectSplitMinWarpsPerSm * sms;
-  plan.warp_tile = direct_warp_tile(state_bytes, plan.one_token, plan.split);
+  plan.wide = state_bytes == 2 && heads * (kDecodeHeadDim / (2 * kDirectWarpTile)) >= kDirectWideMinWarpsPerSm * sms;
+  plan.warp_tile = direct_warp_tile(state_bytes, plan.wide);
   const int64_t per_head = kDecodeHeadDim / plan.warp_tile;  // 1-warp items of a head
   plan.warps = heads * per_head >= 8 * sms ? 4 : (heads * per_head >= 4 * sms ? 2 : 1);
   plan.block_cols = plan.warps * plan.warp_tile;

@@ -89,16 +89,16 @@ constexpr int decode_smem_bytes(int warps, int tg, int state_bytes) {
 /// tile of a warp, all 128 keys of them (32 state elements a lane; direct_warp.cu's tiles).
 inline constexpr int kDirectWarpTile = 8;
 /// Direct kernel: value rows (columns) one warp owns for a pool of `state_bytes` bytes per
-/// element, in either layout: 8 (fp32), or 16 for a bf16 pool with one token a sequence
-/// (direct_warp.cu's packed form: 4 KB of state a warp, as fp32's 8) or in the split form
-/// (`split`: more tokens, half of the fp32 state in shared memory).
-constexpr int direct_warp_tile(int state_bytes, bool one_token, bool split = false) {
-  return state_bytes == 2 && (one_token || split) ? 2 * kDirectWarpTile : kDirectWarpTile;
+/// element, in either layout: 8, or 16 for a bf16 pool in a wide tile (`wide`): 4 KB of state a
+/// warp, as fp32's 8, kept as the loaded vectors with one token a sequence (direct_warp.cu's
+/// packed form) and half in shared memory with more (its split form).
+constexpr int direct_warp_tile(int state_bytes, bool wide) {
+  return state_bytes == 2 && wide ? 2 * kDirectWarpTile : kDirectWarpTile;
 }
-/// Direct kernel, bf16 pool with more than one token a sequence: the split form (16 a warp) once
-/// a call has at least this many of its warps per SM (N * HV * 8 >= this * SMs). Below, the
-/// 8-row form: half the work a warp, so that a small batch's latency stays that of 8 rows.
-inline constexpr int kDirectSplitMinWarpsPerSm = 4;
+/// Direct kernel, bf16 pool: wide tiles (16 a warp) once a call has at least this many of them
+/// per SM (N * HV * 8 >= this * SMs). Below, 8 a warp: half the work a warp, so that a small
+/// batch's latency is that of 8 rows.
+inline constexpr int kDirectWideMinWarpsPerSm = 4;
 /// Direct kernel's dynamic shared memory: the split form's fp32 half of every lane's state
 /// (4 KB a warp); none in the other forms.
 constexpr int direct_smem_bytes(int warps, int warp_tile, int state_bytes, bool one_token) {
@@ -118,7 +118,7 @@ struct DecodePlan {
   int warps = 4;          ///< warps per block
   bool one_token = false;  ///< fixed length T = 1 (direct: its own kernels)
   int warp_tile = 8;      ///< direct: value rows (columns) a warp owns (direct_warp_tile)
-  bool split = false;     ///< direct: the split form (bf16 pool, more tokens, 16 a warp)
+  bool wide = false;      ///< direct: wide tiles (bf16 pool, 16 a warp: packed or split)
   int slices = 4;         ///< work items per (sequence, value head): 128 / block_cols
   int token_group = 1;    ///< tokens staged per round in shared memory (persistent: T for fixed length, else kDecodeVarlenGroup; direct stages none)
   int blocks_per_sm = 4;  ///< resident blocks per SM the registers and shared memory allow
@@ -140,9 +140,8 @@ struct DecodePlan {
 /// items (128 / warp_tile of them) times N * HV reach 8 * SMs, else of 2 warps while they reach
 /// 4 * SMs, else of 1 warp: the grid then has at least ~2 blocks a SM or is a head's finest
 /// split (1 x 32 heads fp32: 512 one-warp blocks of 8 rows = 4 KB each). Every warp runs its
-/// tile alone, so the split only spreads the warps over the SMs. A bf16 pool with more than
-/// one token a sequence takes the split form (16 a warp) from kDirectSplitMinWarpsPerSm of its
-/// warps a SM.
+/// tile alone, so the split only spreads the warps over the SMs. A bf16 pool takes wide tiles
+/// (16 a warp) from kDirectWideMinWarpsPerSm of them a SM.
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel = DecodeKernel::Auto);
 
