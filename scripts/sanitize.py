@@ -20,6 +20,7 @@ errors or a case failed; 2 when compute-sanitizer or the GPU is missing.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import shutil
@@ -96,30 +97,30 @@ def run_variant_cases(torch) -> int:
     wrong += not ok
     print(f"sanitize: chunk_kda intermediate states: {'ok' if ok else 'WRONG'} (finite, {tuple(h.shape)})", flush=True)
     # The decode over a pool: [N] slots with a padded (-1) entry, each layout and pool dtype,
-    # one token (the one-token kernels; bf16 v-first: the packed form) and two.
-    n, heads, slots = 5, 2, 7
+    # one token (the one-token kernels) and two, on 10 heads (8-row warp tiles) and 136 (a bf16
+    # pool's wide tiles on 132 SMs: packed for one token, split for two).
+    slots = 7
     g = torch.Generator(device=dev).manual_seed(5)
     r = lambda *shape: torch.randn(*shape, generator=g, device=dev).bfloat16()
-    idx = torch.tensor([3, -1, 0, 6, 2], dtype=torch.int32, device=dev)
-    for v_first in (False, True):
-        for dtype in (torch.float32, torch.bfloat16):
-            for T in (1, 2):
-                pool = torch.randn(slots, heads, 128, 128, generator=g, device=dev).to(dtype)
-                o, _ = flash_kda.fused_recurrent_kda_fwd(
-                    q=r(n, T, heads, 128), k=r(n, T, heads, 128), v=r(n, T, heads, 128), g=r(n, T, heads, 128),
-                    beta=r(n, T, heads), A_log=torch.rand(heads, device=dev),
-                    dt_bias=torch.rand(heads * 128, device=dev), initial_state=pool, inplace_final_state=True,
-                    state_v_first=v_first, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True,
-                    use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)
-                torch.cuda.synchronize()
-                ok = bool(torch.isfinite(o.float()).all()) and bool((o[1] == 0).all())
-                wrong += not ok
-                print(f"sanitize: decode over a pool with a padded slot ({'v' if v_first else 'k'}-first, "
-                      f"{str(dtype).removeprefix('torch.')} pool, T = {T}): {'ok' if ok else 'WRONG'} "
-                      "(finite, padded row zero)", flush=True)
+    for v_first, dtype, T, (n, heads) in itertools.product((False, True), (torch.float32, torch.bfloat16), (1, 2),
+                                                           ((5, 2), (17, 8))):
+        idx = torch.tensor(([3, -1, 0, 6, 2] * 4)[:n - 1] + [-1], dtype=torch.int32, device=dev)
+        pool = torch.randn(slots, heads, 128, 128, generator=g, device=dev).to(dtype)
+        o, _ = flash_kda.fused_recurrent_kda_fwd(
+            q=r(n, T, heads, 128), k=r(n, T, heads, 128), v=r(n, T, heads, 128), g=r(n, T, heads, 128),
+            beta=r(n, T, heads), A_log=torch.rand(heads, device=dev),
+            dt_bias=torch.rand(heads * 128, device=dev), initial_state=pool, inplace_final_state=True,
+            state_v_first=v_first, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)
+        torch.cuda.synchronize()
+        ok = bool(torch.isfinite(o.float()).all()) and bool((o[1] == 0).all())
+        wrong += not ok
+        print(f"sanitize: decode over a pool with a padded slot ({'v' if v_first else 'k'}-first, "
+              f"{str(dtype).removeprefix('torch.')} pool, T = {T}, {n} x {heads} heads): "
+              f"{'ok' if ok else 'WRONG'} (finite, padded row zero)", flush=True)
     # [N, T] slots with -1 and >= P entries (a skipped start, skipped token stores) and
     # accepted counts, fp32 inputs, each layout.
-    T = 3
+    n, heads, T = 5, 2, 3
     tok = torch.tensor([[0, 1, 2], [-1, 3, 4], [5, slots, 6], [slots + 2, 0, 1], [2, -1, slots]], dtype=torch.int64,
                        device=dev)
     accepted = torch.tensor([1, 2, 3, 1, 2], dtype=torch.int64, device=dev)

@@ -121,9 +121,12 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   const auto four = make_decode_plan(shape(2, 33, 1, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct);
   EXPECT_EQ(four.warps, 4);
   EXPECT_EQ(four.slices, 4);
-  // The same heads with a bf16 pool in wide tiles (16 rows, 8 items a head): one split finer.
-  EXPECT_EQ(make_decode_plan(shape(2, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct).warps, 2);
-  EXPECT_EQ(make_decode_plan(shape(4, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct).warps, 4);
+  // A bf16 pool's 8-row tiles split as fp32's; its wide tiles (16 rows, 8 items a head) start
+  // where their 1-warp items reach 8 x 132, so they always fill 4-warp blocks.
+  EXPECT_EQ(make_decode_plan(shape(1, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct).warps, 2);
+  const auto wide4 = make_decode_plan(shape(4, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
+  EXPECT_TRUE(wide4.wide);
+  EXPECT_EQ(wide4.warps, 4);
   // Large batches: one block per item (no persistent loop), 4 blocks of 128 threads a SM.
   const auto big = make_decode_plan(shape(256, 32, 1, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct);
   EXPECT_EQ(big.items, 256 * 32 * 4);
@@ -131,8 +134,8 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   EXPECT_EQ(big.blocks_per_sm, flash_kda::sm90::kDirectMinBlocks);
   EXPECT_TRUE(big.one_token);
   EXPECT_EQ(big.warp_tile, 8);
-  // A bf16 pool takes wide tiles (16 rows a warp) from 4 of them a SM (N * HV * 8 >= 4 * 132:
-  // 66 heads), else 8 rows. One token a sequence: the packed form, 2 items a head at 4 warps.
+  // A bf16 pool takes wide tiles (16 rows a warp) from 8 of them a SM (N * HV * 8 >= 8 * 132:
+  // 132 heads), else 8 rows. One token a sequence: the packed form, 2 items a head at 4 warps.
   const auto packed = make_decode_plan(shape(256, 32, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
   EXPECT_TRUE(packed.wide);
   EXPECT_EQ(packed.warp_tile, 16);
@@ -155,11 +158,11 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
     EXPECT_EQ(general.warp_tile, 16);
     EXPECT_EQ(general.slices, 2);
     EXPECT_EQ(general.launch.smem_bytes, one ? 0 : 4 * 4096);
-    for (int64_t heads : {65, 66}) {
+    for (int64_t heads : {131, 132}) {
       const auto edge = make_decode_plan(shape(1, heads, t, varlen), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
-      EXPECT_EQ(edge.wide, heads == 66);
-      EXPECT_EQ(edge.warp_tile, heads == 66 ? 16 : 8);
-      EXPECT_EQ(edge.launch.smem_bytes, heads == 66 && !one ? edge.warps * 4096 : 0);
+      EXPECT_EQ(edge.wide, heads == 132);
+      EXPECT_EQ(edge.warp_tile, heads == 132 ? 16 : 8);
+      EXPECT_EQ(edge.launch.smem_bytes, heads == 132 && !one ? edge.warps * 4096 : 0);
     }
     // fp32 pools: always 8 rows.
     EXPECT_FALSE(make_decode_plan(shape(256, 32, t, varlen), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).wide);
@@ -193,7 +196,8 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
             SCOPED_TRACE(testing::Message() << int(layout) << " " << bytes << " " << n << "x" << hv << " T " << t
                                             << (varlen ? " varlen" : ""));
             EXPECT_EQ(plan.one_token, !varlen && t == 1);
-            EXPECT_EQ(plan.wide, bytes == 2 && n * hv * 8 >= 4 * 132);
+            EXPECT_EQ(plan.wide, bytes == 2 && n * hv * 8 >= 8 * 132);
+            if (plan.wide) EXPECT_EQ(plan.warps, 4);
             EXPECT_EQ(plan.warp_tile, flash_kda::sm90::direct_warp_tile(bytes, plan.wide));
             EXPECT_EQ(plan.block_cols, plan.warps * plan.warp_tile);
             EXPECT_EQ(plan.launch.smem_bytes, plan.wide && !plan.one_token ? plan.warps * 4096 : 0);

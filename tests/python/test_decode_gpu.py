@@ -259,6 +259,20 @@ def test_one_token_gva_strided_views_and_fp32_inputs(cuda_sm90, state):
     _check(kw, valid)
 
 
+@pytest.mark.parametrize("v_first", [True, False], ids=["v_first", "k_first"])
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("N", [2, 17], ids=["narrow", "wide"])
+def test_direct_tile_forms_of_a_bf16_pool(cuda_sm90, v_first, T, N):
+    """A bf16 pool takes 8-row (column) warp tiles on few heads (N = 2 x 8: 16 heads) and wide
+    ones of 16 from 132 heads on 132 SMs (N = 17 x 8: 136): packed for T = 1, split (half of
+    the fp32 state in shared memory) for T = 3; each in both layouts, GVA and padded slots."""
+    import torch
+
+    kw, valid = _problem(cuda_sm90, N=N, T=T, H=4, HV=8, state=torch.bfloat16, v_first=v_first,
+                         index_mode="tokens" if T > 1 else "seqs", padded=(1,), accepted=T > 1, seed=31 + N + T)
+    _check(kw, valid)
+
+
 def test_varlen_without_pool(cuda_sm90):
     import torch
 

@@ -96,9 +96,11 @@ constexpr int direct_warp_tile(int state_bytes, bool wide) {
   return state_bytes == 2 && wide ? 2 * kDirectWarpTile : kDirectWarpTile;
 }
 /// Direct kernel, bf16 pool: wide tiles (16 a warp) once a call has at least this many of them
-/// per SM (N * HV * 8 >= this * SMs). Below, 8 a warp: half the work a warp, so that a small
-/// batch's latency is that of 8 rows.
-inline constexpr int kDirectWideMinWarpsPerSm = 4;
+/// per SM (N * HV * 8 >= this * SMs), which is where 8-row warps would not all fit on the SMs
+/// at once (16 a SM: the registers of 4 blocks of 4 warps) and wide ones double the bytes in
+/// flight of those that do. Below, every 8-row warp is resident from the start: 8 a warp, half
+/// the work and latency of 16.
+inline constexpr int kDirectWideMinWarpsPerSm = 8;
 /// Direct kernel's dynamic shared memory: the split form's fp32 half of every lane's state
 /// (4 KB a warp); none in the other forms.
 constexpr int direct_smem_bytes(int warps, int warp_tile, int state_bytes, bool one_token) {
