@@ -67,6 +67,10 @@ struct Fiber {
 };
 
 constexpr size_t kStackBytes = 256 * 1024;
+/// Bytes past the end of the dynamic shared memory. All of it starts a block as 0xff bytes (NaN
+/// as floats: a read before a write, or past the end, gives NaN that the tests' finite checks
+/// see); a write past the end fails run_grid.
+constexpr size_t kSmemGuardBytes = 4096;
 
 struct Block {
   std::vector<Fiber> fibers;
@@ -161,7 +165,7 @@ void run_block(Block& b, const uint3& block_idx, const dim3& grid, const dim3& b
     f.coord.grid_dim = grid;
     start_context(f.ctx, f.stack.get(), kStackBytes);
   }
-  std::fill(b.smem.begin(), b.smem.end(), 0);
+  std::fill(b.smem.begin(), b.smem.end(), char(0xff));
   for (;;) {
     bool ran = false;
     for (size_t i = 0; i < n; ++i) {
@@ -179,7 +183,11 @@ void run_block(Block& b, const uint3& block_idx, const dim3& grid, const dim3& b
       all_done = all_done && b.fibers[i].wait == Wait::Done;
       runnable = runnable || b.fibers[i].wait == Wait::Run;
     }
-    if (all_done) return;
+    if (all_done) {
+      for (auto it = b.smem.end() - kSmemGuardBytes; it != b.smem.end(); ++it)
+        if (*it != char(0xff)) throw std::runtime_error("a write past the end of the dynamic shared memory");
+      return;
+    }
     if (!runnable && !ran) throw std::runtime_error("threads of the block wait at a barrier that never completes");
     if (!runnable) throw std::runtime_error("threads of the block wait at steps that never complete");
   }
@@ -226,7 +234,7 @@ void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void
   b.fibers.resize(n);
   for (Fiber& f : b.fibers) f.stack = std::make_unique<char[]>(kStackBytes);
   b.body = &body;
-  b.smem.resize(smem_bytes);
+  b.smem.resize(smem_bytes + kSmemGuardBytes);
   Block* const outer = g_block;
   g_block = &b;
   try {

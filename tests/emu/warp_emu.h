@@ -37,7 +37,8 @@ uint64_t shuffle(uint64_t bits, int src);
 void sync_warp();
 /// __syncthreads(): waits for every thread of the block that has not exited.
 void sync_block();
-/// The block's dynamic shared memory (zero-filled at the block's start).
+/// The block's dynamic shared memory, 0xff bytes (NaN as floats) at the block's start, as are
+/// the 4 KB past its end; a write there fails run_grid.
 char* dynamic_smem();
 
 /// Runs `body` once per thread of each block of `grid` x `block`, one block after another, with
