@@ -194,8 +194,12 @@ inline std::vector<DecodeCase> decode_cases() {
   // The direct kernel's v-first splits on 132 SMs (plan.h): 1 x 8 heads, bf16 pool, T = 1 (8
   // rows a warp: 1-warp blocks, 16 a head) and 9 x 8 heads (4-warp blocks, 4 a head); fp32
   // pools at 1 x 8 heads T = 2 (1-warp blocks, 16 a head), 5 x 8 heads (2-warp blocks), 40 x 8
-  // heads (4-warp blocks); k-first fp32 at N = 1 with T = 5. (A bf16 pool's wide tiles: the
-  // persistent_* bf16 cases, 131 and 97 x 8 heads, packed at T = 1 and split at T = 2 and 4.)
+  // heads (4-warp blocks); k-first fp32 at N = 1 with T = 5. A bf16 pool's wide tiles (from
+  // 132 heads): packed at 17 x 8 heads, T = 1, in each layout (split: the persistent_* bf16
+  // cases, 131 and 97 x 8 heads at T = 2 and 4).
+  for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
+    cases.push_back(make_decode_case(layout == StateLayout::VFirst ? "wide_n17_hv8_bf16pool_T1" : "wide_n17_hv8_kfirst_bf16pool_T1",
+                                     GateMode::Softplus, layout, 1, false, DType::BF16, DType::BF16, 17, 4, 8));
   cases.push_back(make_decode_case("split_n1_hv8_bf16pool_T1", GateMode::Softplus, StateLayout::VFirst, 1, false, DType::BF16,
                             DType::BF16, 1, 8, 8));
   cases.push_back(make_decode_case("split_n9_hv8_bf16pool_T1", GateMode::SafeSigmoid, StateLayout::VFirst, 1, false,
