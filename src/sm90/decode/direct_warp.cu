@@ -80,7 +80,6 @@ struct VFirstTile : TileSums<kRows / (32 / (kD * int(sizeof(PoolT)) / 16)), 1, k
   static constexpr int RPI = 32 / LPR;    // rows one warp instruction covers
   static constexpr int NR = kRows / RPI;  // vectors a lane
   static constexpr int NK = E;            // keys a lane uses
-  static constexpr int kTile = kRows;     // value indices a warp owns
   __device__ static int key0(int lane) { return (lane % LPR) * E; }
   /// Element offset of vector c from the warp's first row's first element (first * kD).
   __device__ static int offset(int c, int lane) { return (c * RPI + lane / LPR) * kD + key0(lane); }
@@ -103,7 +102,6 @@ struct KFirstTile : TileSums<16 / int(sizeof(PoolT)), kCols * int(sizeof(PoolT))
   static constexpr int LPK = kCols / E;   // lanes per key row of the tile
   static constexpr int NR = kD * LPK / 32;  // vectors (keys) a lane
   static constexpr int NK = NR;
-  static constexpr int kTile = kCols;
   static_assert(LPK >= 1 && NR * E * 32 == kD * kCols, "the tile covers the warp's columns once");
   __device__ static int key0(int lane) { return (lane / LPK) * NR; }
   /// Element offset of vector c from the warp's first column of key 0.
@@ -247,10 +245,17 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
                    : -1;
       return x;
     };
-    // Token 0's inputs do not depend on the slot: their loads are in flight while the slot
-    // index is read (the latency of a small batch: the index, then the state).
+    // Token 0's inputs and the gate's parameters do not depend on the slot: their loads are in
+    // flight while the slot index is read, so that a small batch waits for the index, then the
+    // state, with token 0 finished in the meantime.
     TokenRaw<NK> next{};
     if (len > 0) next = load_token(0);
+    float a_log = 0.f;
+    RawVec<NK> bias_raw{};
+    if constexpr (Gate != GateMode::PreGated) {
+      if (p.A_log != nullptr) a_log = p.A_log[hv];
+      if (p.dt_bias != nullptr) bias_raw = load_vec<NK>(p.dt_bias, int64_t(hv) * kD + kb, true);
+    }
     int64_t slot = n;
     bool skip = false;
     if (p.index_kind != IndexKind::None) {
@@ -283,18 +288,15 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
       continue;
     }
 
-    // The gate's per-head constants and this lane's NK channels of dt_bias.
+    // The gate's per-head constants and this lane's NK channels of dt_bias (loaded with token
+    // 0's inputs).
     float bias[NK];
 #pragma unroll
     for (int e = 0; e < NK; ++e) bias[e] = 0.f;
     math::SafeGateLog2<float> safe{};
     float neg_rate = 0.f;
     if constexpr (Gate != GateMode::PreGated) {
-      const float a_log = p.A_log != nullptr ? p.A_log[hv] : 0.f;
-      if (p.dt_bias != nullptr) {
-        RawVec<NK> b = load_vec<NK>(p.dt_bias, int64_t(hv) * kD + kb, true);
-        finish_vec<NK>(b, true, bias);
-      }
+      if (p.dt_bias != nullptr) finish_vec<NK>(bias_raw, true, bias);
       if constexpr (Gate == GateMode::SafeSigmoid) {
         safe = math::safe_gate_log2_head(a_log, p.lower_bound, fm);
 #pragma unroll
