@@ -5,10 +5,10 @@
 // but the split form's, each lane its own words).
 //
 // Why this shape. The call moves the states' bytes and little else, so an SM must keep state
-// reads in flight all the time (~32 KB at 4.25 TB/s and ~1 us of loaded latency). A block that
-// stages the tokens once for all its warps makes every warp wait at a barrier for the one that
-// staged (the H200 profile of that form: half of the warps' stall cycles at the barrier, DRAM
-// 58% busy at 1024 x 32 fp32). Here each warp loads the few input elements its lanes use (their
+// reads in flight all the time (~32 KB at 4.25 TB/s and ~1 us of loaded latency). Staging the
+// tokens once per block for all its warps makes every warp wait at a barrier for the one that
+// staged them (profiled on the H200: half of the warps' stall cycles at the barrier, DRAM 58%
+// busy at 1024 x 32 fp32). Here each warp loads the few input elements its lanes use (their
 // keys of q, k, g and one element of v per lane), finishes them with warp shuffles (the L2
 // norms over the lanes that hold different keys) while its state loads are in flight, and warps
 // drift apart freely, so that some warp of the SM is always waiting on state bytes while others

@@ -13,12 +13,12 @@
 //   value rows (v-first) or columns (k-first) with no block barrier (8, or 16 for a bf16 pool
 //   with one token a sequence or in the split form: 4 KB of state a warp).
 // The auto rule (here and in plan.cpp only): always the direct kernel. In one H200 sweep
-// (graph-timed; docs/notes/2026-12-01_breadth-and-decode.md, its 48-point table) it took
-// 0.44-1.0x of the persistent kernel's time at 47 of the 48 v-first points (1024 x 32 T = 1:
-// fp32 1094 against 1402 us, bf16 575 against 966 us; 1.04x at 1 x 8 heads, T = 2, bf16:
-// 4.5 against 4.4 us), and the block-staged k-first form that preceded the warp tiles took
-// 0.25-0.54x at each of the 12 k-first points measured (T = 1, N = 1 to 1024, 32 and 96
-// heads). The persistent kernel stays available by DecodeLaunchOptions::kernel, for comparison.
+// (graph-timed; docs/notes/2026-12-01_breadth-and-decode.md, its 48-point table) the direct
+// kernel took 0.44-1.0x of the persistent kernel's time at 47 of the 48 v-first points
+// (1024 x 32 T = 1: fp32 1094 against 1402 us, bf16 575 against 966 us; 1.04x at 1 x 8 heads,
+// T = 2, bf16: 4.5 against 4.4 us), and the persistent kernel is slower at each of the 12
+// k-first points measured (T = 1, N = 1 to 1024, 32 and 96 heads; 1.9-4.1x). It stays
+// available by DecodeLaunchOptions::kernel, for comparison.
 #pragma once
 
 #include <cstdint>
