@@ -6,10 +6,13 @@ fla is already imported, else as soon as fla.backends is (see register): fla's o
 fused_recurrent_kda_fwd (decorated ``@dispatch('kda')``) and everything built on it
 (fused_recurrent_kda, fla's KDA layer in decode) then run flash_kda's decode for the calls the
 backend's verifier accepts, and fla's Triton kernel for the rest (fla logs the verifier's
-reason once per process) once the backend is enabled: FLA_FLASH_KDA_DECODE=1, read by fla at
-every dispatch. It is off by default because the decode kernel is slower than fla's Triton
-kernel at most points of the decode sweep on the H200 (docs/performance.md, "Decode"), and
-installing flash_kda must never slow a working fla call down.
+reason once per process). FLA_FLASH_KDA_DECODE, read by fla at every dispatch, sets the
+scope:
+- unset (the default): the calls flash_kda serves where it measured faster than fla's Triton
+  kernel on the H200 (FASTER_THAN_FLA below; docs/performance.md, "Decode"), since installing
+  flash_kda must not slow a working fla call down;
+- "1": every call flash_kda can serve;
+- "0": none (fla's own kernel for every call).
 
 Registration never raises: without fla, with another fla version, or on any error, importing
 flash_kda still works and :data:`status` says why nothing was registered.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import threading
 
 logger = logging.getLogger(__name__)
@@ -76,6 +80,29 @@ def _reject(reason: str) -> tuple[bool, str]:
     return False, f"flash_kda decode: {reason}"
 
 
+#: Where flash_kda's decode is faster than fla's Triton kernel in the H200 record
+#: (BENCHMARK_H200.md "Decode": N = 1 to 1024 sequences, 8 to 96 heads, T = 1 and 2, both pool
+#: dtypes and layouts): v-first pools at 44 of 48 points, all but one sequence of one token;
+#: k-first pools with a bf16 pool from 32 sequences (1.10-1.45x; slower at 12 of the 24 fp32
+#: points and at single-sequence bf16 ones).
+FASTER_THAN_FLA = "v-first pools (but one sequence of one token); k-first bf16 pools from 32 sequences"
+
+
+def _slower_than_fla(q, initial_state, state_v_first, cu_seqlens) -> str | None:
+    """Why fla's Triton kernel is the faster one for this call (FASTER_THAN_FLA), or None.
+    Shapes and dtypes only."""
+    num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+    one_token = cu_seqlens is None and q.shape[1] == 1
+    if state_v_first:
+        if num_seqs == 1 and one_token:
+            return "one sequence of one token: fla's Triton decode is as fast there (FLA_FLASH_KDA_DECODE=1 sends it here)"
+        return None
+    if initial_state is not None and str(initial_state.dtype) == "torch.bfloat16" and num_seqs >= 32:
+        return None
+    return ("k-first states: fla's Triton decode is faster there but with a bf16 pool from 32 sequences "
+            "(FLA_FLASH_KDA_DECODE=1 sends it here)")
+
+
 def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
                 output_final_state=False, inplace_final_state=True, state_v_first=False, cu_seqlens=None,
                 ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=False,
@@ -84,7 +111,8 @@ def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, 
     """(True, None) when flash_kda's decode serves this fused_recurrent_kda_fwd call, else
     (False, the reason). Reads shapes, dtypes and devices only (never tensor data: no sync).
     A fixed-length batch may have up to 16 tokens per sequence; varlen sequences any number
-    (the kernel runs them in rounds of tokens)."""
+    (the kernel runs them in rounds of tokens). Unless FLA_FLASH_KDA_DECODE=1, only where
+    flash_kda is the faster (FASTER_THAN_FLA)."""
     if getattr(_local, "fallback", False):
         return _reject("a call flash_kda handed back to fla")
     if kwargs:
@@ -135,6 +163,10 @@ def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, 
         return _reject("num_accepted_tokens needs [N, T] ssm_state_indices")
     if use_gate_in_kernel and lower_bound is None and A_log is None:
         return _reject("the softplus gate needs A_log")
+    if os.environ.get(ENV_VAR) != "1":
+        slower = _slower_than_fla(q, initial_state, state_v_first, cu_seqlens)
+        if slower is not None:
+            return _reject(slower)
     return True, None
 
 
@@ -329,13 +361,14 @@ def _backend_class(base):
 
     class FlashKDADecodeBackend(base):
         """flash_kda's sm_90 decode for fla's fused_recurrent_kda_fwd (inference only, K = V =
-        128, at most 16 tokens per sequence of a fixed-length batch); off unless
-        FLA_FLASH_KDA_DECODE=1 (see the module docstring)."""
+        128, at most 16 tokens per sequence of a fixed-length batch); on by default where it is
+        the faster, FLA_FLASH_KDA_DECODE=1 for every call it serves, =0 off (see the module
+        docstring)."""
 
         backend_type = BACKEND_TYPE
         package_name = "flash_kda"
         env_var = ENV_VAR
-        default_enable = False
+        default_enable = True
         priority = 3
 
         def fused_recurrent_kda_fwd_verifier(self, *args, **kwargs):

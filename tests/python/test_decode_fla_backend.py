@@ -60,8 +60,8 @@ def test_registers_for_operation_kda_with_its_switch(monkeypatch):
     assert operation == "kda"
     assert issubclass(cls, StandInBackend)
     assert (cls.backend_type, cls.env_var, cls.package_name) == ("flash_kda_decode", "FLA_FLASH_KDA_DECODE", "flash_kda")
-    # Opt-in: fla's own decode stays the default while ours is slower (FLA_FLASH_KDA_DECODE=1).
-    assert cls.default_enable is False
+    # On by default; the verifier keeps the default to the calls where flash_kda is the faster.
+    assert cls.default_enable is True
     backend = cls()
     # fla finds both by the dispatched function's name.
     assert callable(backend.fused_recurrent_kda_fwd) and callable(backend.fused_recurrent_kda_fwd_verifier)
@@ -163,7 +163,32 @@ def _call(N=4, T_=1, H=2, HV=2, K=128, V=128, P=8, **change):
 
 @pytest.fixture
 def gpu_build(monkeypatch):
+    """A build with the kernels, every servable call in scope (FLA_FLASH_KDA_DECODE=1)."""
     monkeypatch.setattr(_fla, "_kernels", lambda: True)
+    monkeypatch.setenv("FLA_FLASH_KDA_DECODE", "1")
+
+
+@pytest.mark.parametrize("change, served", [
+    (dict(state_v_first=True), True),                                             # 4 sequences, T = 1
+    (dict(state_v_first=True, N=1), False),                                       # one sequence of one token
+    (dict(state_v_first=True, N=1, T_=2, ssm_state_indices=T(1, 2)), True),       # one sequence, a draft of 2
+    (dict(state_v_first=True, N=1, T_=5, ssm_state_indices=T(2), cu_seqlens=T(3)), True),  # varlen, 2 sequences
+    (dict(), False),                                                              # k-first, fp32 pool
+    (dict(N=32, ssm_state_indices=T(32), initial_state=T(40, 2, 128, 128)), True),  # k-first bf16 pool, 32 sequences
+    (dict(N=31, ssm_state_indices=T(31), initial_state=T(40, 2, 128, 128)), False),
+    (dict(N=64, ssm_state_indices=T(64), initial_state=T(70, 2, 128, 128, dtype="torch.float32")), False),
+])
+def test_default_scope_is_where_flash_kda_is_faster(monkeypatch, change, served):
+    """FLA_FLASH_KDA_DECODE unset: the verifier serves the calls of FASTER_THAN_FLA and hands
+    the rest to fla with the reason; =1 serves each of them."""
+    monkeypatch.setattr(_fla, "_kernels", lambda: True)
+    monkeypatch.delenv("FLA_FLASH_KDA_DECODE", raising=False)
+    accepted, why = _fla.verify_call(**_call(**change))
+    assert accepted is served, why
+    if not served:
+        assert "fla's Triton decode is" in why and "FLA_FLASH_KDA_DECODE=1" in why, why
+    monkeypatch.setenv("FLA_FLASH_KDA_DECODE", "1")
+    assert _fla.verify_call(**_call(**change)) == (True, None)
 
 
 def test_verifier_accepts_a_serving_decode_step(gpu_build):

@@ -55,9 +55,13 @@ def _rel(x, ref):
 
 
 @contextlib.contextmanager
-def _fla_dispatch(enabled: bool):
+def _fla_dispatch(enabled: bool | None):
+    """FLA_FLASH_KDA_DECODE "1" (True), "0" (False) or unset (None: the default scope)."""
     old = os.environ.get("FLA_FLASH_KDA_DECODE")
-    os.environ["FLA_FLASH_KDA_DECODE"] = "1" if enabled else "0"
+    if enabled is None:
+        os.environ.pop("FLA_FLASH_KDA_DECODE", None)
+    else:
+        os.environ["FLA_FLASH_KDA_DECODE"] = "1" if enabled else "0"
     try:
         yield
     finally:
@@ -446,6 +450,18 @@ def test_fla_dispatches_to_flash_kda_and_falls_back(cuda_sm90, monkeypatch):
     with _count_ours(monkeypatch) as calls, torch.inference_mode(), _fla_dispatch(False):
         fla_fwd(**dict(kw, initial_state=kw["initial_state"].clone()))
         assert calls[0] == 0  # FLA_FLASH_KDA_DECODE=0 turns the backend off
+    # Unset: the default scope, where flash_kda is the faster (v-first here); k-first fp32 pools
+    # stay on fla's kernel, which still computes the same function.
+    kf, _ = _problem(cuda_sm90, N=4, T=2, index_mode="tokens", accepted=True, v_first=False, seed=3)
+    ref_kf, ref_kf_pool = _reference(kf)
+    with _count_ours(monkeypatch) as calls, torch.inference_mode(), _fla_dispatch(None):
+        out, pool = fla_fwd(**dict(kw, initial_state=kw["initial_state"].clone()))
+        assert calls[0] == 1
+        assert _rel(out, ref_out) <= BOUND and _rel(pool, ref_pool) <= BOUND
+        out, pool = fla_fwd(**dict(kf, initial_state=kf["initial_state"].clone()))
+        torch.cuda.synchronize()
+        assert calls[0] == 1
+        assert _rel(out, ref_kf) <= BOUND and _rel(pool, ref_kf_pool) <= BOUND
 
 
 def test_launch_options_force_each_kernel(cuda_sm90, decode_kernel):
