@@ -3,7 +3,8 @@
 // Frobenius error of out and of the whole pool (or final_state) within the bound of its dtype;
 // padded slots' rows exactly zero, padding columns of strided rows and untouched pool slots
 // as they were. test_decode_gpu.cpp runs every case on the GPU with both kernels;
-// tests/emu/test_decode_emu.cpp runs the direct v-first ones on the CPU model of the kernels.
+// tests/emu/test_decode_emu.cpp runs every case, both layouts, through the direct kernel on the
+// CPU model of the GPU (planned for a 132-SM and an 8-SM part).
 #pragma once
 
 #include <gtest/gtest.h>
