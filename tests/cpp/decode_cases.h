@@ -173,7 +173,7 @@ inline std::vector<DecodeCase> decode_cases() {
   vl.config.base.seqlens = {3, 1, 0, 21, 2};
   cases.push_back(vl);
   // No pool: per-sequence states, varlen with a zero-length sequence (state passes through),
-  // and a zero start state without final_state; flags off.
+  // and a zero start state without final_state, beta given as values (use_beta_sigmoid off).
   DecodeCase np{"varlen_states_kfirst", {}};
   np.config.base.seqlens = {2, 0, 5, 16};
   np.config.base.heads = 2;
@@ -213,6 +213,27 @@ inline std::vector<DecodeCase> decode_cases() {
                             DType::BF16, 40, 2, 8));
   cases.push_back(make_decode_case("split_n1_hv4_kfirst_fp32pool_T5", GateMode::SafeSigmoid, StateLayout::KFirst, 5, false,
                             DType::F32, DType::BF16, 1, 4, 4));
+
+  // The call's flags away from their defaults, one at a time: no L2 norm of q and k (drawn
+  // with |q|, |k| ~ 0.7 so that the state stays bounded and a normalisation shows), beta in
+  // (0, 2), a scale other than K^-0.5, a safe-gate floor other than -5.
+  DecodeCase nl = make_decode_case("flag_no_l2norm_vfirst_fp32pool_T2_per_token", GateMode::SafeSigmoid, StateLayout::VFirst, 2,
+                                   true, DType::F32, DType::BF16, 3);
+  nl.config.use_qk_l2norm = false;
+  nl.config.base.qk_std = 0.06;
+  cases.push_back(nl);
+  DecodeCase ne = make_decode_case("flag_neg_eigval_kfirst_bf16pool_T2_per_seq", GateMode::Softplus, StateLayout::KFirst, 2,
+                                   false, DType::BF16, DType::BF16, 3);
+  ne.config.allow_neg_eigval = true;
+  cases.push_back(ne);
+  DecodeCase sc = make_decode_case("flag_scale_vfirst_bf16pool_T1_per_seq", GateMode::PreGated, StateLayout::VFirst, 1, false,
+                                   DType::BF16, DType::F32, 3);
+  sc.config.scale = 0.25;
+  cases.push_back(sc);
+  DecodeCase lb = make_decode_case("flag_lower_bound_kfirst_fp32pool_T3_per_token", GateMode::SafeSigmoid, StateLayout::KFirst,
+                                   3, true, DType::F32, DType::BF16, 3);
+  lb.config.lower_bound = -2.0;
+  cases.push_back(lb);
   return cases;
 }
 

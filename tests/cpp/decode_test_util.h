@@ -1,9 +1,11 @@
 // Random decode problems for the C++ tests: the activations of make_random_problem, a state
-// pool with its slot indices and accepted-token counts, and strided views (activations inside
-// wider rows, pool slots apart), as include/flash_kda/decode.h describes them.
+// pool with its slot indices and accepted-token counts, the call's flags, and strided views
+// (activations inside wider rows, pool slots apart), as include/flash_kda/decode.h describes
+// them.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -22,6 +24,10 @@ struct DecodeConfig {
   DType index_dtype = DType::I32;
   int64_t row_pad = 0;            ///< > 0: q, k, v, g and out rows sit in rows this much wider
   int64_t slot_pad = 0;           ///< > 0: pool slots this many elements apart beyond HV * K * V
+  bool use_qk_l2norm = true;      ///< DecodeArgs::use_qk_l2norm (off: keep |q|, |k| ~ 1 by base.qk_std)
+  bool allow_neg_eigval = false;  ///< DecodeArgs::allow_neg_eigval (beta scaled to (0, 2))
+  std::optional<double> scale;    ///< DecodeArgs::scale; absent: the default K^-0.5
+  double lower_bound = -5.0;      ///< DecodeArgs::lower_bound (the safe gate's floor)
 };
 
 /// A contiguous host tensor `wide` whose last dimension is `pad` wider than the view taken of
@@ -91,6 +97,10 @@ struct DecodeProblem {
     a.gate = config.base.gate;
     a.state_layout = config.base.state_layout;
     a.use_beta_sigmoid = config.base.beta_logits;
+    a.use_qk_l2norm = config.use_qk_l2norm;
+    a.allow_neg_eigval = config.allow_neg_eigval;
+    a.scale = config.scale;
+    a.lower_bound = config.lower_bound;
     if (config.pool_slots > 0) {
       a.initial_state = pool_view();
       a.final_state = a.initial_state;
