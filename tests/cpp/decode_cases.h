@@ -1,10 +1,11 @@
 // The decode cases of the C++ suite and the check of a decode's result against
 // flash_kda::reference_decode on the same inputs (fp64, results kept in fp64): relative
 // Frobenius error of out and of the whole pool (or final_state) within the bound of its dtype;
-// padded slots' rows exactly zero, padding columns of strided rows and untouched pool slots
-// as they were. test_decode_gpu.cpp runs every case on the GPU with both kernels;
-// tests/emu/test_decode_emu.cpp runs every case, both layouts, through the direct kernel on the
-// CPU model of the GPU (planned for a 132-SM and an 8-SM part).
+// padded slots' rows exactly zero, padding columns of strided rows, untouched pool slots and
+// the memory past the pool (what an index >= P would reach) as they were.
+// test_decode_gpu.cpp runs every case on the GPU with both kernels; tests/emu/test_decode_emu.cpp
+// runs every case, both layouts, through the direct kernel on the CPU model of the GPU (planned
+// for a 132-SM and an 8-SM part).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -40,7 +41,7 @@ inline DecodeWant decode_want(const DecodeConfig& cfg) {
   DecodeWant w;
   w.ref = make_decode_problem(cfg);
   HostTensor ref_out(DType::F64, w.ref.act.out.shape());
-  DecodeArgs ra = w.ref.args();
+  DecodeArgs ra = w.ref.reference_args();
   ra.out = ref_out.view();
   reference_decode(ra);
   w.out = ref_out.values();
@@ -76,7 +77,13 @@ inline void check_decode(const DecodeConfig& cfg, const DecodeWant& want, Decode
 
   const double state_bound = decode_bound(cfg.base.state_dtype);
   if (pool) {
-    const std::vector<double> got = prob.pool.wide.values(), want_pool = want.ref.pool.wide.values();
+    std::vector<double> got = prob.pool.wide.values(), want_pool = want.ref.pool.wide.values();
+    // Past the P slots (the memory an index >= P reaches): exactly as it was.
+    const size_t in_pool = size_t(cfg.pool_slots * prob.slot_elems);
+    for (size_t i = in_pool; i < got.size(); ++i)
+      ASSERT_EQ(got[i], pool_before[i]) << "written past the pool's " << cfg.pool_slots << " slots, element " << i - in_pool;
+    got.resize(in_pool);
+    want_pool.resize(in_pool);
     std::vector<double> got_changed, want_changed;
     for (size_t i = 0; i < got.size(); ++i) {
       if (want_pool[i] == pool_before[i]) {
@@ -131,6 +138,22 @@ inline DecodeCase make_decode_case(std::string name, GateMode gate, StateLayout 
     d.pool_slots = N + 3;
     for (int64_t n = 0; n < N; ++n) d.slots.push_back(n == 1 ? -1 : (n == 3 ? N + 2 : n));
   }
+  return c;
+}
+
+/// A case with indices past the pool (DecodeConfig::kBeyondPool), safe gate, bf16 activations:
+/// [N] indices with sequence 0's slot past it; [N, T] ones (T >= 2) with sequence 0's start slot
+/// past it, and of sequences 3 and 4 the destination of a token other than the start one.
+inline DecodeCase beyond_pool_case(std::string name, StateLayout layout, int64_t T, bool per_token, DType pool_dtype) {
+  DecodeCase c = make_decode_case(std::move(name), GateMode::SafeSigmoid, layout, T, per_token, pool_dtype, DType::BF16);
+  DecodeConfig& d = c.config;
+  if (!per_token) {
+    d.slots[0] = DecodeConfig::kBeyondPool;
+    return c;
+  }
+  auto start = [&](int64_t n) { return d.accepted[size_t(n)] - 1; };
+  d.slots[size_t(start(0))] = DecodeConfig::kBeyondPool;
+  for (int64_t n : {3, 4}) d.slots[size_t(n * T + (start(n) + 1) % T)] = DecodeConfig::kBeyondPool;
   return c;
 }
 
@@ -213,6 +236,13 @@ inline std::vector<DecodeCase> decode_cases() {
                             DType::BF16, 40, 2, 8));
   cases.push_back(make_decode_case("split_n1_hv4_kfirst_fp32pool_T5", GateMode::SafeSigmoid, StateLayout::KFirst, 5, false,
                             DType::F32, DType::BF16, 1, 4, 4));
+
+  // Indices past the pool (>= P): skipped like negative ones, as a start slot (zero rows of
+  // out, no state read or written) and as a later token's destination (no store).
+  cases.push_back(beyond_pool_case("beyond_pool_vfirst_fp32pool_T1_per_seq", StateLayout::VFirst, 1, false, DType::F32));
+  cases.push_back(beyond_pool_case("beyond_pool_kfirst_bf16pool_T2_per_seq", StateLayout::KFirst, 2, false, DType::BF16));
+  cases.push_back(beyond_pool_case("beyond_pool_vfirst_bf16pool_T2_per_token", StateLayout::VFirst, 2, true, DType::BF16));
+  cases.push_back(beyond_pool_case("beyond_pool_kfirst_fp32pool_T3_per_token", StateLayout::KFirst, 3, true, DType::F32));
 
   // The call's flags away from their defaults, one at a time: no L2 norm of q and k (drawn
   // with |q|, |k| ~ 0.7 so that the state stays bounded and a normalisation shows), beta in

@@ -40,7 +40,9 @@ TEST_P(DecodeEmu, DirectMatchesReference) {
   const bool pool = cfg.pool_slots > 0;
   const std::vector<double> pool_before = pool ? prob.pool.wide.values() : std::vector<double>{};
   const flash_kda::DecodeArgs a = prob.args();
-  const flash_kda::ProblemShape ps = flash_kda::validate_decode(a, flash_kda::Target::CpuReference);
+  // The shapes as the reference's validation derives them, from its indices (it rejects an
+  // index >= P, which the kernel gets and skips).
+  const flash_kda::ProblemShape ps = flash_kda::validate_decode(prob.reference_args(), flash_kda::Target::CpuReference);
   flash_kda::sm90::DeviceProps props;
   props.major = 9;
   props.num_sms = GetParam().num_sms;
