@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -24,6 +25,12 @@ struct DecodeCase {
   std::string name;
   DecodeConfig config;
   DecodeKernel kernel = DecodeKernel::Auto;
+  /// > 0: the warps per block the direct kernel's plan for a 132-SM H200 gives the case, for a
+  /// case built to reach that form (the CPU-model test checks it, so that a change of the
+  /// plan's rule cannot move the case off the form it is there for).
+  int h200_warps = 0;
+  /// Set: whether that plan takes wide tiles (bf16 pools), checked as h200_warps is.
+  std::optional<bool> h200_wide;
 };
 inline void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
 
@@ -264,6 +271,51 @@ inline std::vector<DecodeCase> decode_cases() {
                                    3, true, DType::F32, DType::BF16, 3);
   lb.config.lower_bound = -2.0;
   cases.push_back(lb);
+
+  // Shapes and inputs the cases above leave out.
+  // Three value heads to a q/k head.
+  cases.push_back(make_decode_case("gva3_h2_hv6_vfirst_fp32pool_T2_per_token", GateMode::Softplus, StateLayout::VFirst, 2, true,
+                                   DType::F32, DType::BF16, 3, 2, 6));
+  // fp32 activations into the packed wide bf16 tiles (17 x 8 heads, T = 1), in each layout.
+  for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst}) {
+    DecodeCase w = make_decode_case(layout == StateLayout::VFirst ? "wide_n17_hv8_bf16pool_f32io_T1"
+                                                                  : "wide_n17_hv8_kfirst_bf16pool_f32io_T1",
+                                    GateMode::SafeSigmoid, layout, 1, false, DType::BF16, DType::F32, 17, 4, 8);
+    w.h200_wide = true;
+    cases.push_back(w);
+  }
+  // fp32 activations, k-first fp32 pool, T = 1.
+  cases.push_back(make_decode_case("kfirst_fp32pool_f32io_T1_per_seq", GateMode::Softplus, StateLayout::KFirst, 1, false,
+                                   DType::F32, DType::F32, 3));
+  // The safe gate without A_log (rate 1) and without dt_bias, in each layout.
+  for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst}) {
+    const bool vf = layout == StateLayout::VFirst;
+    DecodeCase na = make_decode_case(vf ? "no_A_log_no_dt_bias_vfirst_bf16pool_T1_per_seq" : "no_A_log_no_dt_bias_kfirst_fp32pool_T2_per_token",
+                                     GateMode::SafeSigmoid, layout, vf ? 1 : 2, !vf, vf ? DType::BF16 : DType::F32, DType::BF16, 3);
+    na.config.base.with_A_log = false;
+    na.config.base.with_dt_bias = false;
+    cases.push_back(na);
+  }
+  // Pool slots 16 mod 32 bytes apart (16-byte aligned, not 32), each pool dtype.
+  DecodeCase s16 = make_decode_case("slot_stride_16mod32_vfirst_fp32pool_T1_per_seq", GateMode::SafeSigmoid, StateLayout::VFirst,
+                                    1, false, DType::F32, DType::BF16, 3);
+  s16.config.slot_pad = 4;  // 16 bytes of fp32
+  cases.push_back(s16);
+  DecodeCase b16 = make_decode_case("slot_stride_16mod32_kfirst_bf16pool_T2_per_token", GateMode::Softplus, StateLayout::KFirst,
+                                    2, true, DType::BF16, DType::BF16, 3);
+  b16.config.slot_pad = 8;  // 16 bytes of bf16
+  cases.push_back(b16);
+  // Varlen over a bf16 pool ([N] indices: a padded slot, a zero-length sequence, one longer
+  // than 16).
+  DecodeCase vb = make_decode_case("varlen_per_seq_kfirst_bf16pool", GateMode::Softplus, StateLayout::KFirst, 1, false, DType::BF16,
+                                   DType::BF16, 5);
+  vb.config.base.seqlens = {3, 1, 0, 21, 2};
+  cases.push_back(vb);
+  // k-first in 2-warp blocks (5 x 8 heads on 132 SMs).
+  DecodeCase k2 = make_decode_case("two_warp_n5_hv8_kfirst_fp32pool_T2_per_token", GateMode::PreGated, StateLayout::KFirst, 2,
+                                   true, DType::F32, DType::BF16, 5, 4, 8);
+  k2.h200_warps = 2;
+  cases.push_back(k2);
   return cases;
 }
 
