@@ -1,14 +1,17 @@
 // The decode cases of the C++ suite and the check of a decode's result against
 // flash_kda::reference_decode on the same inputs (fp64, results kept in fp64): relative
 // Frobenius error of out and of the whole pool (or final_state) within the bound of its dtype;
-// padded slots' rows exactly zero, padding columns of strided rows and untouched pool slots
-// as they were. test_decode_gpu.cpp runs every case on the GPU with both kernels;
-// tests/emu/test_decode_emu.cpp runs the direct v-first ones on the CPU model of the kernels.
+// padded slots' rows exactly zero, padding columns of strided rows, untouched pool slots and
+// the memory past the pool (what an index >= P would reach) as they were.
+// test_decode_gpu.cpp runs every case on the GPU with both kernels; tests/emu/test_decode_emu.cpp
+// runs every case, both layouts, through the direct kernel on the CPU model of the GPU (planned
+// for a 132-SM and an 8-SM part).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -22,6 +25,12 @@ struct DecodeCase {
   std::string name;
   DecodeConfig config;
   DecodeKernel kernel = DecodeKernel::Auto;
+  /// > 0: the warps per block the direct kernel's plan for a 132-SM H200 gives the case, for a
+  /// case built to reach that form (the CPU-model test checks it, so that a change of the
+  /// plan's rule cannot move the case off the form it is there for).
+  int h200_warps = 0;
+  /// Set: whether that plan takes wide tiles (bf16 pools), checked as h200_warps is.
+  std::optional<bool> h200_wide;
 };
 inline void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
 
@@ -39,7 +48,7 @@ inline DecodeWant decode_want(const DecodeConfig& cfg) {
   DecodeWant w;
   w.ref = make_decode_problem(cfg);
   HostTensor ref_out(DType::F64, w.ref.act.out.shape());
-  DecodeArgs ra = w.ref.args();
+  DecodeArgs ra = w.ref.reference_args();
   ra.out = ref_out.view();
   reference_decode(ra);
   w.out = ref_out.values();
@@ -75,7 +84,13 @@ inline void check_decode(const DecodeConfig& cfg, const DecodeWant& want, Decode
 
   const double state_bound = decode_bound(cfg.base.state_dtype);
   if (pool) {
-    const std::vector<double> got = prob.pool.wide.values(), want_pool = want.ref.pool.wide.values();
+    std::vector<double> got = prob.pool.wide.values(), want_pool = want.ref.pool.wide.values();
+    // Past the P slots (the memory an index >= P reaches): exactly as it was.
+    const size_t in_pool = size_t(cfg.pool_slots * prob.slot_elems);
+    for (size_t i = in_pool; i < got.size(); ++i)
+      ASSERT_EQ(got[i], pool_before[i]) << "written past the pool's " << cfg.pool_slots << " slots, element " << i - in_pool;
+    got.resize(in_pool);
+    want_pool.resize(in_pool);
     std::vector<double> got_changed, want_changed;
     for (size_t i = 0; i < got.size(); ++i) {
       if (want_pool[i] == pool_before[i]) {
@@ -133,6 +148,22 @@ inline DecodeCase make_decode_case(std::string name, GateMode gate, StateLayout 
   return c;
 }
 
+/// A case with indices past the pool (DecodeConfig::kBeyondPool), safe gate, bf16 activations:
+/// [N] indices with sequence 0's slot past it; [N, T] ones (T >= 2) with sequence 0's start slot
+/// past it, and of sequences 3 and 4 the destination of a token other than the start one.
+inline DecodeCase beyond_pool_case(std::string name, StateLayout layout, int64_t T, bool per_token, DType pool_dtype) {
+  DecodeCase c = make_decode_case(std::move(name), GateMode::SafeSigmoid, layout, T, per_token, pool_dtype, DType::BF16);
+  DecodeConfig& d = c.config;
+  if (!per_token) {
+    d.slots[0] = DecodeConfig::kBeyondPool;
+    return c;
+  }
+  auto start = [&](int64_t n) { return d.accepted[size_t(n)] - 1; };
+  d.slots[size_t(start(0))] = DecodeConfig::kBeyondPool;
+  for (int64_t n : {3, 4}) d.slots[size_t(n * T + (start(n) + 1) % T)] = DecodeConfig::kBeyondPool;
+  return c;
+}
+
 inline std::vector<DecodeCase> decode_cases() {
   std::vector<DecodeCase> cases;
   const GateMode gates[] = {GateMode::SafeSigmoid, GateMode::Softplus, GateMode::PreGated};
@@ -172,7 +203,7 @@ inline std::vector<DecodeCase> decode_cases() {
   vl.config.base.seqlens = {3, 1, 0, 21, 2};
   cases.push_back(vl);
   // No pool: per-sequence states, varlen with a zero-length sequence (state passes through),
-  // and a zero start state without final_state; flags off.
+  // and a zero start state without final_state, beta given as values (use_beta_sigmoid off).
   DecodeCase np{"varlen_states_kfirst", {}};
   np.config.base.seqlens = {2, 0, 5, 16};
   np.config.base.heads = 2;
@@ -212,6 +243,79 @@ inline std::vector<DecodeCase> decode_cases() {
                             DType::BF16, 40, 2, 8));
   cases.push_back(make_decode_case("split_n1_hv4_kfirst_fp32pool_T5", GateMode::SafeSigmoid, StateLayout::KFirst, 5, false,
                             DType::F32, DType::BF16, 1, 4, 4));
+
+  // Indices past the pool (>= P): skipped like negative ones, as a start slot (zero rows of
+  // out, no state read or written) and as a later token's destination (no store).
+  cases.push_back(beyond_pool_case("beyond_pool_vfirst_fp32pool_T1_per_seq", StateLayout::VFirst, 1, false, DType::F32));
+  cases.push_back(beyond_pool_case("beyond_pool_kfirst_bf16pool_T2_per_seq", StateLayout::KFirst, 2, false, DType::BF16));
+  cases.push_back(beyond_pool_case("beyond_pool_vfirst_bf16pool_T2_per_token", StateLayout::VFirst, 2, true, DType::BF16));
+  cases.push_back(beyond_pool_case("beyond_pool_kfirst_fp32pool_T3_per_token", StateLayout::KFirst, 3, true, DType::F32));
+
+  // The call's flags away from their defaults, one at a time: no L2 norm of q and k (drawn
+  // with |q|, |k| ~ 0.7 so that the state stays bounded and a normalisation shows), beta in
+  // (0, 2), a scale other than K^-0.5, a safe-gate floor other than -5.
+  DecodeCase nl = make_decode_case("flag_no_l2norm_vfirst_fp32pool_T2_per_token", GateMode::SafeSigmoid, StateLayout::VFirst, 2,
+                                   true, DType::F32, DType::BF16, 3);
+  nl.config.use_qk_l2norm = false;
+  nl.config.base.qk_std = 0.06;
+  cases.push_back(nl);
+  DecodeCase ne = make_decode_case("flag_neg_eigval_kfirst_bf16pool_T2_per_seq", GateMode::Softplus, StateLayout::KFirst, 2,
+                                   false, DType::BF16, DType::BF16, 3);
+  ne.config.allow_neg_eigval = true;
+  cases.push_back(ne);
+  DecodeCase sc = make_decode_case("flag_scale_vfirst_bf16pool_T1_per_seq", GateMode::PreGated, StateLayout::VFirst, 1, false,
+                                   DType::BF16, DType::F32, 3);
+  sc.config.scale = 0.25;
+  cases.push_back(sc);
+  DecodeCase lb = make_decode_case("flag_lower_bound_kfirst_fp32pool_T3_per_token", GateMode::SafeSigmoid, StateLayout::KFirst,
+                                   3, true, DType::F32, DType::BF16, 3);
+  lb.config.lower_bound = -2.0;
+  cases.push_back(lb);
+
+  // Shapes and inputs the cases above leave out.
+  // Three value heads to a q/k head.
+  cases.push_back(make_decode_case("gva3_h2_hv6_vfirst_fp32pool_T2_per_token", GateMode::Softplus, StateLayout::VFirst, 2, true,
+                                   DType::F32, DType::BF16, 3, 2, 6));
+  // fp32 activations into the packed wide bf16 tiles (17 x 8 heads, T = 1), in each layout.
+  for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst}) {
+    DecodeCase w = make_decode_case(layout == StateLayout::VFirst ? "wide_n17_hv8_bf16pool_f32io_T1"
+                                                                  : "wide_n17_hv8_kfirst_bf16pool_f32io_T1",
+                                    GateMode::SafeSigmoid, layout, 1, false, DType::BF16, DType::F32, 17, 4, 8);
+    w.h200_wide = true;
+    cases.push_back(w);
+  }
+  // fp32 activations, k-first fp32 pool, T = 1.
+  cases.push_back(make_decode_case("kfirst_fp32pool_f32io_T1_per_seq", GateMode::Softplus, StateLayout::KFirst, 1, false,
+                                   DType::F32, DType::F32, 3));
+  // The safe gate without A_log (rate 1) and without dt_bias, in each layout.
+  for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst}) {
+    const bool vf = layout == StateLayout::VFirst;
+    DecodeCase na = make_decode_case(vf ? "no_A_log_no_dt_bias_vfirst_bf16pool_T1_per_seq" : "no_A_log_no_dt_bias_kfirst_fp32pool_T2_per_token",
+                                     GateMode::SafeSigmoid, layout, vf ? 1 : 2, !vf, vf ? DType::BF16 : DType::F32, DType::BF16, 3);
+    na.config.base.with_A_log = false;
+    na.config.base.with_dt_bias = false;
+    cases.push_back(na);
+  }
+  // Pool slots 16 mod 32 bytes apart (16-byte aligned, not 32), each pool dtype.
+  DecodeCase s16 = make_decode_case("slot_stride_16mod32_vfirst_fp32pool_T1_per_seq", GateMode::SafeSigmoid, StateLayout::VFirst,
+                                    1, false, DType::F32, DType::BF16, 3);
+  s16.config.slot_pad = 4;  // 16 bytes of fp32
+  cases.push_back(s16);
+  DecodeCase b16 = make_decode_case("slot_stride_16mod32_kfirst_bf16pool_T2_per_token", GateMode::Softplus, StateLayout::KFirst,
+                                    2, true, DType::BF16, DType::BF16, 3);
+  b16.config.slot_pad = 8;  // 16 bytes of bf16
+  cases.push_back(b16);
+  // Varlen over a bf16 pool ([N] indices: a padded slot, a zero-length sequence, one longer
+  // than 16).
+  DecodeCase vb = make_decode_case("varlen_per_seq_kfirst_bf16pool", GateMode::Softplus, StateLayout::KFirst, 1, false, DType::BF16,
+                                   DType::BF16, 5);
+  vb.config.base.seqlens = {3, 1, 0, 21, 2};
+  cases.push_back(vb);
+  // k-first in 2-warp blocks (5 x 8 heads on 132 SMs).
+  DecodeCase k2 = make_decode_case("two_warp_n5_hv8_kfirst_fp32pool_T2_per_token", GateMode::PreGated, StateLayout::KFirst, 2,
+                                   true, DType::F32, DType::BF16, 5, 4, 8);
+  k2.h200_warps = 2;
+  cases.push_back(k2);
   return cases;
 }
 

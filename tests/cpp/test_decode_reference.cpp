@@ -57,7 +57,7 @@ TEST_P(DecodeReference, MatchesForwardPerSequence) {
   const std::vector<double> pool_before = pool ? prob.pool.wide.values() : std::vector<double>{};
   HostTensor expected_pool = pool ? prob.pool.wide : HostTensor{};
 
-  flash_kda::DecodeArgs a = prob.args();
+  flash_kda::DecodeArgs a = prob.reference_args();
   flash_kda::reference_decode(a);
   const std::vector<double> out = view_values(prob.out.wide, a.out);
 
@@ -194,7 +194,7 @@ TEST(DecodeReference, SlotAtOrAbovePoolIsAnError) {
   d.slots = {7, 0, 1, 2};  // P = 7
   auto prob = flash_kda::testing::make_decode_problem(d);
   try {
-    flash_kda::reference_decode(prob.args());
+    flash_kda::reference_decode(prob.reference_args());
     FAIL() << "no error";
   } catch (const flash_kda::Error& e) {
     EXPECT_EQ(e.argument(), "ssm_state_indices");
@@ -206,7 +206,7 @@ TEST(DecodeReference, AcceptedCountOutsideOneToTIsAnError) {
   d.accepted = {1, 1, 3, 1};  // T = 2
   auto prob = flash_kda::testing::make_decode_problem(d);
   try {
-    flash_kda::reference_decode(prob.args());
+    flash_kda::reference_decode(prob.reference_args());
     FAIL() << "no error";
   } catch (const flash_kda::Error& e) {
     EXPECT_EQ(e.argument(), "num_accepted_tokens");

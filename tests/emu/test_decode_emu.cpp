@@ -40,7 +40,9 @@ TEST_P(DecodeEmu, DirectMatchesReference) {
   const bool pool = cfg.pool_slots > 0;
   const std::vector<double> pool_before = pool ? prob.pool.wide.values() : std::vector<double>{};
   const flash_kda::DecodeArgs a = prob.args();
-  const flash_kda::ProblemShape ps = flash_kda::validate_decode(a, flash_kda::Target::CpuReference);
+  // The shapes as the reference's validation derives them, from its indices (it rejects an
+  // index >= P, which the kernel gets and skips).
+  const flash_kda::ProblemShape ps = flash_kda::validate_decode(prob.reference_args(), flash_kda::Target::CpuReference);
   flash_kda::sm90::DeviceProps props;
   props.major = 9;
   props.num_sms = GetParam().num_sms;
@@ -48,6 +50,10 @@ TEST_P(DecodeEmu, DirectMatchesReference) {
   const flash_kda::sm90::DecodePlan plan =
       flash_kda::sm90::make_decode_plan(ps, props, bf16_pool ? 2 : 4, a.state_layout, DecodeKernel::Direct);
   ASSERT_EQ(plan.kernel, DecodeKernel::Direct);
+  if (GetParam().num_sms == 132) {
+    if (GetParam().c.h200_warps > 0) ASSERT_EQ(plan.warps, GetParam().c.h200_warps) << "the case's block split";
+    if (GetParam().c.h200_wide) ASSERT_EQ(plan.wide, *GetParam().c.h200_wide) << "the case's tile form";
+  }
   const flash_kda::sm90::DecodeParams p = flash_kda::sm90::decode_params(a, ps, plan);
   ASSERT_EQ(flash_kda::sm90::emu_launch_direct(a.state_layout, bf16_pool, a.gate, plan, 0, p, nullptr), cudaSuccess);
   flash_kda::testing::check_decode(cfg, want, prob, pool_before);

@@ -57,7 +57,6 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   return y;
 }
 
-/// The operations of the gate's log2 form (src/common/gate.h) as the kernels evaluate them.
 /// A 16-byte global store as one instruction (st.global.v4.b32). ptxas splits a plain uint4
 /// store into four 4-byte stores when the four values do not already sit in four consecutive
 /// registers (the decode kernels' state stores compiled so), and a warp's 4-byte stores 16 bytes
@@ -66,6 +65,7 @@ __device__ __forceinline__ void st_global_v4(void* p, const uint4& v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
+/// The operations of the gate's log2 form (src/common/gate.h) as the kernels evaluate them.
 struct FastMath {
   __device__ __forceinline__ float exp2(float x) const { return ex2(x); }
   __device__ __forceinline__ float recip(float x) const { return rcp(x); }
