@@ -4,9 +4,11 @@
 // they wait for the lanes (or threads) that take part, exchange values and go on. Blocks run one
 // after another. What it models: thread and block indices, full-warp shuffles (xor and indexed,
 // any 4- or 8-byte type), warp and block barriers, dynamic shared memory, the ld.global
-// variants as plain loads, and the fast-math intrinsics as their libm forms. What it does not:
-// memory ordering, timing, partial-warp masks (a mask other than all lanes is an error), inline
-// PTX (the kernels' ptx.cuh and launch_config.h are replaced by tests/emu/shadow).
+// variants as plain loads, and the fast-math intrinsics as their libm forms. It fails the grid
+// at a 16-byte store (ptx::st_global_v4) or an __ldcg / __ldg / __stcg not aligned as the GPU
+// requires (16 bytes; alignof(T)), where the GPU would fault. What it does not model: memory
+// ordering, timing, partial-warp masks (a mask other than all lanes is an error), inline PTX
+// (the kernels' ptx.cuh and launch_config.h are replaced by tests/emu/shadow).
 // Include it before the kernel source; see tests/emu/test_decode_emu.cpp.
 #pragma once
 
@@ -49,6 +51,12 @@ void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void
 
 /// Records an error of the emulated code and ends the grid (run_grid throws it).
 [[noreturn]] void fail(const std::string& what);
+
+/// Fails the grid unless `p` is a multiple of `alignment` bytes; `what` names the access.
+inline void check_aligned(const void* p, size_t alignment, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0)
+    fail(std::string(what) + " at an address not " + std::to_string(alignment) + "-byte aligned");
+}
 
 template <class T>
 T shuffle_value(unsigned mask, T v, int src) {
@@ -111,12 +119,23 @@ inline uint32_t __float_as_uint(float f) {
 }
 inline float __int_as_float(int x) { return __uint_as_float(uint32_t(x)); }
 inline int __float_as_int(float f) { return int(__float_as_uint(f)); }
+// Global loads and stores as plain ones, at the alignment the GPU requires of them (a
+// misaligned access faults there).
 template <class T>
-T __ldcg(const T* p) { return *p; }
+T __ldcg(const T* p) {
+  ::flash_kda::emu::check_aligned(p, alignof(T), "__ldcg");
+  return *p;
+}
 template <class T>
-T __ldg(const T* p) { return *p; }
+T __ldg(const T* p) {
+  ::flash_kda::emu::check_aligned(p, alignof(T), "__ldg");
+  return *p;
+}
 template <class T>
-void __stcg(T* p, T v) { *p = v; }
+void __stcg(T* p, T v) {
+  ::flash_kda::emu::check_aligned(p, alignof(T), "__stcg");
+  *p = v;
+}
 inline float __expf(float x) { return std::exp(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
