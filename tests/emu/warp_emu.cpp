@@ -1,6 +1,8 @@
 // The fiber scheduler behind warp_emu.h: one fiber per emulated thread of a block, resumed
 // round-robin until each waits at a shuffle or barrier; a warp's shuffle completes once all its
-// lanes have posted, a block barrier once every thread still running has arrived.
+// lanes have posted from one call site, a block barrier once every thread still running has
+// arrived. An error of the emulated code (fail(), an exception out of the kernel body, lanes
+// at different steps) is recorded for the block and thrown by run_grid from the scheduler.
 // Fibers switch with a few instructions on x86-64 (ucontext's swapcontext makes a system call
 // per switch, which made the suite ~3x slower), with ucontext elsewhere.
 #include "warp_emu.h"
@@ -63,6 +65,7 @@ struct Fiber {
   Wait wait = Wait::Run;
   uint64_t send = 0, result = 0;
   int src = 0;
+  Site site;  // of the shuffle it waits at
   Coord coord;
 };
 
@@ -83,6 +86,21 @@ struct Block {
 Block* g_block = nullptr;
 Fiber* g_fiber = nullptr;
 
+std::string str(const uint3& u) {
+  return "(" + std::to_string(u.x) + ", " + std::to_string(u.y) + ", " + std::to_string(u.z) + ")";
+}
+std::string where(const Fiber& f) { return "block " + str(f.coord.block) + " thread " + str(f.coord.thread); }
+std::string str(const Site& s) { return std::string(s.file) + ":" + std::to_string(s.line); }
+// One file's name is one literal in practice; strcmp only when the pointers differ.
+bool same_site(const Site& a, const Site& b) {
+  return a.line == b.line && (a.file == b.file || std::strcmp(a.file, b.file) == 0);
+}
+
+// The first error of the block wins (what follows it is a consequence).
+void record_error(const std::string& what) {
+  if (g_block->error.empty()) g_block->error = where(*g_fiber) + ": " + what;
+}
+
 void switch_to(Context& save, Context& next) {
 #if defined(__x86_64__)
   flash_kda_emu_switch_stack(&save.sp, next.sp);
@@ -93,8 +111,16 @@ void switch_to(Context& save, Context& next) {
 
 void yield() { switch_to(g_fiber->ctx, g_block->scheduler); }
 
+// An exception must not leave the fiber (nothing above fiber_entry on its stack can take it):
+// it becomes the block's error, which run_grid throws.
 void fiber_entry() {
-  (*g_block->body)();
+  try {
+    (*g_block->body)();
+  } catch (const std::exception& e) {
+    record_error(std::string("exception: ") + e.what());
+  } catch (...) {
+    record_error("an exception not derived from std::exception");
+  }
   g_fiber->wait = Wait::Done;
   yield();
   std::abort();  // a finished fiber is never resumed
@@ -120,7 +146,7 @@ void start_context(Context& c, char* stack, size_t bytes) {
 }
 
 // Completes the warp's shuffle or __syncwarp when every lane waits at one; an error when lanes
-// wait at different kinds of step or some exited.
+// wait at different kinds of step or shuffle sites, or some exited.
 void settle_warp(Block& b, size_t first, size_t count) {
   size_t shuffles = 0, syncs = 0, done = 0;
   for (size_t i = first; i < first + count; ++i) {
@@ -129,14 +155,21 @@ void settle_warp(Block& b, size_t first, size_t count) {
     shuffles += w == Wait::Shuffle, syncs += w == Wait::Warp, done += w == Wait::Done;
   }
   if (done == count) return;
+  const std::string warp = "block " + str(b.fibers[first].coord.block) + " warp " + std::to_string(first / 32);
   if (done > 0 || (shuffles > 0 && syncs > 0))
-    throw std::runtime_error("warp " + std::to_string(first / 32) + ": lanes diverged at a warp-wide step (" +
-                             std::to_string(shuffles) + " at a shuffle, " + std::to_string(syncs) + " at __syncwarp, " +
-                             std::to_string(done) + " exited)");
+    throw std::runtime_error(warp + ": lanes diverged at a warp-wide step (" + std::to_string(shuffles) + " at a shuffle, " +
+                             std::to_string(syncs) + " at __syncwarp, " + std::to_string(done) + " exited)");
+  if (shuffles == count) {
+    const Site& site = b.fibers[first].site;
+    for (size_t i = first + 1; i < first + count; ++i)
+      if (!same_site(b.fibers[i].site, site))
+        throw std::runtime_error(warp + ": lanes at different shuffle sites (lane 0 at " + str(site) + ", lane " +
+                                 std::to_string(i - first) + " at " + str(b.fibers[i].site) + ")");
+  }
   for (size_t i = first; i < first + count; ++i) {
     Fiber& f = b.fibers[i];
     if (f.wait == Wait::Shuffle) {
-      if (size_t(f.src) >= count) throw std::runtime_error("shuffle from a lane the warp does not have");
+      if (size_t(f.src) >= count) throw std::runtime_error(warp + ": shuffle from a lane the warp does not have");
       f.result = b.fibers[first + size_t(f.src)].send;
     }
   }
@@ -200,9 +233,10 @@ const Coord& coord() {
   return g_fiber->coord;
 }
 
-uint64_t shuffle(uint64_t bits, int src) {
+uint64_t shuffle(uint64_t bits, int src, Site site) {
   g_fiber->send = bits;
   g_fiber->src = src;
+  g_fiber->site = site;
   g_fiber->wait = Wait::Shuffle;
   yield();
   return g_fiber->result;
@@ -221,7 +255,8 @@ void sync_block() {
 char* dynamic_smem() { return g_block->smem.data(); }
 
 void fail(const std::string& what) {
-  g_block->error = what;
+  if (g_fiber == nullptr) throw std::logic_error("flash_kda::emu: " + what + " (outside run_grid)");
+  record_error(what);
   g_fiber->wait = Wait::Done;
   yield();
   std::abort();  // never resumed
