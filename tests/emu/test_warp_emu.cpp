@@ -1,5 +1,6 @@
-// The CPU model of tests/emu/warp_emu.h on its own: shuffles move the values they should, and
-// each error the model promises to report fails run_grid with its message.
+// The CPU model of tests/emu/warp_emu.h on its own: shuffles move the values they should, each
+// error the model promises to report fails run_grid with its message, and the stack holds what
+// the model promises at the start of a block.
 #include "warp_emu.h"
 
 #include "sm90/common/ptx.cuh"  // tests/emu/shadow's st_global_v4
@@ -78,6 +79,48 @@ TEST(WarpEmu, AnExceptionInAThreadFailsTheGrid) {
             }),
             "");
   for (int r : ran) EXPECT_EQ(r, 1);
+}
+
+/// The number of bytes equal to 0xff in a 256-byte local array, after writing 0x5a to all of
+/// them or (write false) without writing them: then it counts what the model left on the
+/// stack (the volatile reads are not optimised away).
+__attribute__((noinline)) int stack_bytes_ff(bool write) {
+  volatile unsigned char buf[256];
+  if (write)
+    for (int i = 0; i < 256; ++i) buf[i] = 0x5a;
+  int n = 0;
+  for (int i = 0; i < 256; ++i) n += buf[i] == 0xff;
+  return n;
+}
+
+TEST(WarpEmu, StacksStartEachBlockAsFillBytes) {
+  // Block 0 writes the array, block 1 reads the same stack bytes (the same frame) unwritten:
+  // refilled between the blocks, they hold 0xff again, not block 0's values.
+  std::vector<int> ff(2, -1);
+  EXPECT_EQ(grid_error(
+                32,
+                [&] {
+                  const int n = stack_bytes_ff(blockIdx.x == 0);
+                  if (threadIdx.x == 5) ff[blockIdx.x] = n;
+                },
+                2),
+            "");
+  EXPECT_EQ(ff[0], 0);
+  EXPECT_EQ(ff[1], 256);
+}
+
+/// Recursion `depth` deep, 1 KB a frame.
+__attribute__((noinline)) int recurse(int depth) {
+  volatile char frame[1024];
+  frame[0] = char(depth);
+  return depth > 0 ? recurse(depth - 1) + frame[0] : frame[0];
+}
+
+TEST(WarpEmuDeathTest, StackOverflowFaultsAtTheGuard) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(run_grid(dim3(1), dim3(1), 0, [] { recurse(1 << 20); }), "stack overflow of an emulated thread");
+  // Within the stack: no fault.
+  EXPECT_EQ(grid_error(1, [] { recurse(64); }), "");
 }
 
 TEST(WarpEmu, MisalignedGlobalAccessesFail) {

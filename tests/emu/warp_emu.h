@@ -16,7 +16,9 @@
 // - no write past the end of the dynamic shared memory (a 4 KB guard);
 // - an exception thrown by the emulated code fails the grid with its message.
 // What it shows through the tests' finite checks: shared memory starts as 0xff bytes (NaN as
-// floats), so that a read before a write gives NaN rather than a stale or zero value.
+// floats) and so does each thread's stack at the start of every block, so that a read before a
+// write gives NaN rather than a stale or zero value. A stack overflow faults at an unmapped
+// guard page below each stack and ends the process with a message.
 // What it does not model: memory ordering, timing, partial-warp masks (a mask other than all
 // lanes is an error), inline PTX (the kernels' ptx.cuh and launch_config.h are replaced by
 // tests/emu/shadow).
@@ -68,7 +70,8 @@ char* dynamic_smem();
 /// error of the emulated code: threads deadlock (a barrier some lanes never reach), lanes of a
 /// warp at different shuffle sites or steps, a shuffle mask that is not all lanes, a lane of a
 /// partial warp reading from a lane that does not exist, a misaligned access (fail), a write
-/// past the shared memory, or an exception thrown by `body`.
+/// past the shared memory, or an exception thrown by `body`. Not reentrant: `body` must not
+/// call run_grid.
 void run_grid(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
 
 /// Records an error of the emulated code (with the thread and block that hit it) and ends the
