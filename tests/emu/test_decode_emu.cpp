@@ -1,9 +1,11 @@
 // The direct decode kernel (src/sm90/decode/direct_warp.cu: this very source, compiled as host
-// C++) run on the CPU model of tests/emu/warp_emu.h, over every case of the C++ decode suite (tests/cpp/decode_cases.h), planned for a 132-SM H200 and for an
-// 8-SM part (other block splits; the few-hundred-sequence cases on the H200 plan only), and checked against flash_kda::reference_decode exactly as
-// the GPU suite checks it. It catches what the model shares with the GPU: lane and row mapping,
-// shuffle partners, reductions, indexing, bounds and pool semantics; not timing or memory
-// ordering (the GPU suite and compute-sanitizer cover those).
+// C++) run on the CPU model of tests/emu/warp_emu.h, over every case of the C++ decode suite
+// (tests/cpp/decode_cases.h), planned for a 132-SM H200 and for an 8-SM part (other block
+// splits; the few-hundred-sequence cases on the H200 plan only), and checked against
+// flash_kda::reference_decode exactly as the GPU suite checks it; a case that names the H200
+// plan's block split or tile form must get it. It catches what the model shares with the GPU:
+// lane and row mapping, shuffle partners, reductions, indexing, bounds and pool semantics; not
+// timing or memory ordering (the GPU suite and compute-sanitizer cover those).
 #include "warp_emu.h"
 
 // The kernel source under its own launch name, so that this test's copy does not collide with

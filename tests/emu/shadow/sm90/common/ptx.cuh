@@ -1,7 +1,8 @@
 // tests/emu's stand-in for src/sm90/common/ptx.cuh: each wrapper of a single SASS instruction
 // as the libm function it approximates (the emulated kernels then differ from the GPU's only
-// by the approximations' last bits, far inside the tests' bounds). Only what the emulated
-// kernels call is here; a kernel that needs more fails to compile, which names what to add.
+// by the approximations' last bits, far inside the tests' bounds), the 16-byte store as a copy
+// that fails the grid at an address the GPU would fault on. Only what the emulated kernels
+// call is here; a kernel that needs more fails to compile, which names what to add.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,13 +11,19 @@
 #include <cstdint>
 #include <cstring>
 
+#include "warp_emu.h"
+
 namespace flash_kda::sm90::ptx {
 
 inline float ex2(float x) { return std::exp2(x); }
 inline float rcp(float x) { return 1.f / x; }
 inline float rsqrt(float x) { return 1.f / std::sqrt(x); }
 inline float lg2(float x) { return std::log2(x); }
-inline void st_global_v4(void* p, const uint4& v) { std::memcpy(p, &v, sizeof v); }
+/// st.global.v4.b32 needs a 16-byte aligned address (a misaligned one faults on the GPU).
+inline void st_global_v4(void* p, const uint4& v) {
+  ::flash_kda::emu::check_aligned(p, 16, "st_global_v4");
+  std::memcpy(p, &v, sizeof v);
+}
 
 struct FastMath {
   float exp2(float x) const { return ex2(x); }
