@@ -93,7 +93,7 @@ static_assert(sizeof(ItemHead) == kDecodeItemHeadBytes, "plan.h sizes the stagin
 struct Item {
   ItemHead h;
   int64_t ws = -1;         // its PerToken slot, or -1
-  uint32_t beta_bits = 0;  // its raw beta (load_beta_bits)
+  uint32_t beta_bits = 0;  // its raw beta (load_bits)
 };
 
 /// Item w of `items`, with its header loads issued (slot index, num_accepted_tokens, cu_seqlens,
@@ -125,7 +125,7 @@ __device__ __forceinline__ Item resolve_item(const DecodeParams& p, int64_t w, i
   if (!it.skip && tid < cnt) {
     const int64_t bat = varlen ? 0 : it.n;
     const int64_t row = it.tok0 + tid;
-    r.beta_bits = load_beta_bits(p.beta, bat * p.beta.batch + row * p.beta.token + it.hv * p.beta.head);
+    r.beta_bits = load_bits(p.beta, bat * p.beta.batch + row * p.beta.token + it.hv * p.beta.head);
     if (p.index_kind == IndexKind::PerToken)
       r.ws = load_index(p.indices, it.n * p.idx_seq_stride + tid * p.idx_tok_stride, p.indices_64);
   }
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(128, decode_min_blocks(L)) decode_kernel(const
                     bat * p.v.batch + row * p.v.token + it.hv * p.v.head + it.col0 + 4 * lane, p.v.f32);
     }
     if (tid < cnt) {
-      float bv = beta_value(r.beta_bits, p.beta.f32);
+      float bv = bits_value(r.beta_bits, p.beta.f32);
       const ptx::FastMath fm;
       if (p.beta_sigmoid) bv = math::beta_sigmoid_log2(bv, fm) * (p.neg_eigval ? 2.f : 1.f);
       st.b[tid] = bv;
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(128, decode_min_blocks(L)) decode_kernel(const
         *reinterpret_cast<float4*>(st.v + tt * vcols + 4 * lane) =
             load4(p.v.data, bat * p.v.batch + row * p.v.token + it.hv * p.v.head + it.col0 + 4 * lane, p.v.f32);
       if (lane == 0) {
-        float bv = beta_value(load_beta_bits(p.beta, bat * p.beta.batch + row * p.beta.token + it.hv * p.beta.head),
+        float bv = bits_value(load_bits(p.beta, bat * p.beta.batch + row * p.beta.token + it.hv * p.beta.head),
                               p.beta.f32);
         if (p.beta_sigmoid) bv = math::beta_sigmoid_log2(bv, fm) * (p.neg_eigval ? 2.f : 1.f);
         st.b[tt] = bv;

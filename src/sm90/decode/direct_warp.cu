@@ -237,9 +237,8 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
       x.k = load_vec<NK>(p.k.data, bat * p.k.batch + row * p.k.token + h * p.k.head + kb, p.k.f32);
       x.g = load_vec<NK>(p.g.data, bat * p.g.batch + row * p.g.token + hv * p.g.head + kb, p.g.f32);
       const int64_t vi = bat * p.v.batch + row * p.v.token + hv * p.v.head + first + v_own;
-      x.v_bits = p.v.f32 ? static_cast<const uint32_t*>(p.v.data)[vi]
-                         : uint32_t(static_cast<const unsigned short*>(p.v.data)[vi]);
-      x.beta_bits = load_beta_bits(p.beta, bat * p.beta.batch + row * p.beta.token + hv * p.beta.head);
+      x.v_bits = load_bits(p.v, vi);
+      x.beta_bits = load_bits(p.beta, bat * p.beta.batch + row * p.beta.token + hv * p.beta.head);
       x.slot = p.index_kind == IndexKind::PerToken
                    ? load_index(p.indices, n * p.idx_seq_stride + t * p.idx_tok_stride, p.indices_64)
                    : -1;
@@ -336,11 +335,11 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
         else a2 = gin[e] * float(math::kLog2e);
         y.d[e] = ptx::ex2(a2);
       }
-      float bv = beta_value(x.beta_bits, p.beta.f32);
+      float bv = bits_value(x.beta_bits, p.beta.f32);
       if (p.beta_sigmoid) bv = math::beta_sigmoid_log2(bv, fm) * (p.neg_eigval ? 2.f : 1.f);
       y.b = bv;
       y.kq = dot * qs * ks;
-      y.v = p.v.f32 ? __uint_as_float(x.v_bits) : __uint_as_float(x.v_bits << 16);
+      y.v = bits_value(x.v_bits, p.v.f32);
       y.slot = x.slot < p.pool_slots ? x.slot : -1;
       return y;
     };

@@ -71,14 +71,14 @@ __device__ __forceinline__ int64_t load_index(const void* base, int64_t i, bool 
   return is64 ? static_cast<const int64_t*>(base)[i] : int64_t(static_cast<const int32_t*>(base)[i]);
 }
 
-/// Element i of a [.., heads]-shaped beta as its raw bits (fp32, or bf16 in the low half): the
-/// load is issued here, its value first needed where beta_value converts it.
-__device__ __forceinline__ uint32_t load_beta_bits(const ActView& beta, int64_t i) {
-  return beta.f32 ? static_cast<const uint32_t*>(beta.data)[i]
-                  : uint32_t(static_cast<const unsigned short*>(beta.data)[i]);
+/// Element i of an activation (beta, or one element of v) as its raw bits (fp32, or bf16 in the
+/// low half): the load is issued here, its value first needed where bits_value converts it.
+__device__ __forceinline__ uint32_t load_bits(const ActView& a, int64_t i) {
+  return a.f32 ? static_cast<const uint32_t*>(a.data)[i] : uint32_t(static_cast<const unsigned short*>(a.data)[i]);
 }
 
-__device__ __forceinline__ float beta_value(uint32_t bits, bool f32) {
+/// The value of load_bits' raw bits.
+__device__ __forceinline__ float bits_value(uint32_t bits, bool f32) {
   return f32 ? __uint_as_float(bits) : __uint_as_float(bits << 16);
 }
 
