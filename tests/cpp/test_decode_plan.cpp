@@ -41,6 +41,19 @@ TEST(DecodePlan, SmallBatchesTakeTwoWarpBlocksOneItemEach) {
   EXPECT_EQ(plan.launch.grid_x, 32u * 8u);  // fewer items than resident blocks: one each
 }
 
+TEST(DecodePlan, OnlyTheDirectKernelIsAProgrammaticDependent) {
+  // The direct kernel waits for the kernel before it as its first step (griddepcontrol.wait);
+  // the persistent one does not, so a dependent launch of it could read inputs still being
+  // written.
+  for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
+    for (int bytes : {4, 2})
+      for (const auto& s : {shape(1, 32, 1, false), shape(1024, 96, 2, false), shape(7, 8, 3, true)}) {
+        EXPECT_TRUE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::Direct).launch.dependent);
+        EXPECT_TRUE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::Auto).launch.dependent);
+        EXPECT_FALSE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::Persistent).launch.dependent);
+      }
+}
+
 TEST(DecodePlan, LargeBatchesTakeAPersistentGrid) {
   // v-first: 3 blocks of 4 warps per SM (registers); k-first: 4.
   const auto v = make_decode_plan(shape(1024, 96, 4, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Persistent);

@@ -65,6 +65,17 @@ __device__ __forceinline__ void st_global_v4(void* p, const uint4& v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
+/// Programmatic dependent launch, the dependent's side: waits until the grid before it on the
+/// stream has completed and its memory is visible (griddepcontrol.wait; returns at once for a
+/// kernel not launched as a programmatic dependent). Nothing a kernel reads may be read before.
+__device__ __forceinline__ void wait_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+/// Programmatic dependent launch, the primary's side: lets the next kernel on the stream, if it
+/// is launched as a programmatic dependent, start once every block of this grid has executed
+/// this or exited (griddepcontrol.launch_dependents). It orders nothing: the dependent still
+/// reads this grid's results only after its own wait_prior_grid.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
+
 /// The operations of the gate's log2 form (src/common/gate.h) as the kernels evaluate them.
 struct FastMath {
   __device__ __forceinline__ float exp2(float x) const { return ex2(x); }

@@ -216,6 +216,11 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
   void* const out = const_cast<void*>(p.out.data);
   const int kb = F::key0(lane);
   const int v_own = F::value_of(F::sum_index(lane), lane);  // warp-local value index of the lane's sums
+  // A programmatic dependent of the kernel before it on the stream (plan.h): any input may be
+  // that kernel's output, so nothing is read before it completes; the block launch and the
+  // setup above overlap its tail. The next kernel may then launch: it waits in the same way.
+  ptx::wait_prior_grid();
+  ptx::launch_dependents();
 
 #pragma unroll 1
   for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {

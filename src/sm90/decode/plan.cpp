@@ -39,6 +39,7 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
   plan.launch.block = uint32_t(threads);
   plan.launch.smem_bytes = smem;  // <= 16 KB: no attribute to set
+  plan.launch.dependent = true;   // the kernel's first step is the programmatic wait (plan.h)
   return plan;
 }
 

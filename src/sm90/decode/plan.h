@@ -143,7 +143,11 @@ struct DecodePlan {
 /// 4 * SMs, else of 1 warp: the grid then has at least ~2 blocks a SM or is a head's finest
 /// split (1 x 32 heads fp32: 512 one-warp blocks of 8 rows = 4 KB each). Every warp runs its
 /// tile alone, so the split only spreads the warps over the SMs. A bf16 pool takes wide tiles
-/// (16 a warp) from kDirectWideMinWarpsPerSm of them a SM.
+/// (16 a warp) from kDirectWideMinWarpsPerSm of them a SM. A direct launch is the programmatic
+/// dependent of the kernel before it on the stream (launch.dependent): a decode step is a few
+/// microseconds of work at small batches, about as long as a kernel's launch, and its blocks'
+/// launch and setup then overlap the previous kernel's tail; the kernel's first step waits for
+/// that kernel's completion, so every input may be its output.
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel = DecodeKernel::Auto);
 
