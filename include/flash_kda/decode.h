@@ -70,12 +70,19 @@ enum class DecodeKernel : int {
   Auto = 0,        ///< the launch plan's choice (src/sm90/decode/plan.h says which and why)
   Persistent = 1,  ///< a persistent grid whose blocks stage the next items' state slices in shared memory
   Direct = 2,      ///< one block per state slice, the slice loaded straight into registers
+  /// The direct kernel with k-first pools in its warp-column form (each warp owns value columns
+  /// of all 128 keys) instead of the row-block form Direct takes for them (a block's warps split
+  /// the keys of whole 128-byte lines of its value columns); the same as Direct for v-first
+  /// pools. Kept for the A/B of the two forms.
+  DirectColumns = 3,
 };
 
 /// Launch choices a caller may fix instead of leaving them to the launch plan; none changes the
 /// function computed (both kernels have the same semantics), only how it runs: the benchmark's
 /// A/B (`--decode-kernel`) and the tests use it to run each kernel. A value outside the enum
 /// raises flash_kda::Error naming "launch_options.kernel" before any kernel runs.
+/// From Python: flash_kda.DecodeLaunchOptions(kernel="auto" | "persistent" | "direct" |
+/// "direct_columns").
 struct DecodeLaunchOptions {
   DecodeKernel kernel = DecodeKernel::Auto;
 };
@@ -96,8 +103,8 @@ ProblemShape validate_decode(const DecodeArgs& args, Target target);
 /// T <= 16 tokens per sequence for a fixed-length batch (varlen sequences may be of any length;
 /// cu_seqlens values on the GPU are not checked, bad ones are
 /// clamped to [0, T_total] so that nothing outside the tensors is accessed). Slot indices >= P are treated
-/// like negative ones (skipped) so that no access leaves the pool. `options` may force one of
-/// the two kernels (validated after the arguments). Throws flash_kda::CudaError if the launch fails.
+/// like negative ones (skipped) so that no access leaves the pool. `options` may force a kernel
+/// or form (validated after the arguments). Throws flash_kda::CudaError if the launch fails.
 void decode(const DecodeArgs& args, Stream stream, const DecodeLaunchOptions& options = {});
 
 /// The exact CPU reference of decode(): fp64, host tensors, any K, V and T, every gate mode

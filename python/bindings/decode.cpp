@@ -150,6 +150,7 @@ void bind_decode(nb::module_& m) {
     kernels["auto"] = static_cast<int>(DecodeKernel::Auto);
     kernels["persistent"] = static_cast<int>(DecodeKernel::Persistent);
     kernels["direct"] = static_cast<int>(DecodeKernel::Direct);
+    kernels["direct_columns"] = static_cast<int>(DecodeKernel::DirectColumns);
     m.attr("decode_kernels") = kernels;
   }
   const char* settings_doc =

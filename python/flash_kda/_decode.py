@@ -51,8 +51,11 @@ class DecodeLaunchOptions:
 
     Attributes:
         kernel: "auto" (the plan's choice), "persistent" (a persistent grid staging the state
-            slices in shared memory) or "direct" (one block per state slice, held in
-            registers); the benchmark's ``--decode-kernel`` and the tests force each.
+            slices in shared memory), "direct" (one block per state slice, held in registers;
+            k-first pools in row blocks whose warps split the keys) or "direct_columns" (the
+            direct kernel with k-first pools in its warp-column form, each warp all keys of
+            a few value columns; v-first as "direct"); the benchmark's ``--decode-kernel`` and
+            the tests force each.
 
     Raises:
         flash_kda.Error: kernel is not one of those names (named ``launch_options.kernel``).

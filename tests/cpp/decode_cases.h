@@ -316,6 +316,44 @@ inline std::vector<DecodeCase> decode_cases() {
                                    true, DType::F32, DType::BF16, 5, 4, 8);
   k2.h200_warps = 2;
   cases.push_back(k2);
+
+  // k-first row blocks (direct kernel, kfirst_rows.cu) in each form with what the cases above
+  // give only v-first: no L2 norm (the norms are applied after the cross-warp sums), beta as
+  // values with a scale of its own, three value heads to a q/k head, varlen over an fp32 pool,
+  // no state at all (and a zero start into a bf16 final_state).
+  DecodeCase kn = make_decode_case("flag_no_l2norm_kfirst_bf16pool_T3_per_token", GateMode::Softplus, StateLayout::KFirst, 3, true,
+                                   DType::BF16, DType::BF16, 3);
+  kn.config.use_qk_l2norm = false;
+  kn.config.base.qk_std = 0.06;
+  cases.push_back(kn);
+  DecodeCase kn1 = make_decode_case("flag_no_l2norm_kfirst_fp32pool_T1_per_seq", GateMode::PreGated, StateLayout::KFirst, 1, false,
+                                    DType::F32, DType::F32, 3);
+  kn1.config.use_qk_l2norm = false;
+  kn1.config.base.qk_std = 0.06;
+  cases.push_back(kn1);
+  DecodeCase kb = make_decode_case("flag_beta_raw_scale_kfirst_bf16pool_T1_per_seq", GateMode::SafeSigmoid, StateLayout::KFirst, 1,
+                                   false, DType::BF16, DType::BF16, 3);
+  kb.config.base.beta_logits = false;
+  kb.config.scale = 0.25;
+  cases.push_back(kb);
+  cases.push_back(make_decode_case("gva3_h2_hv6_kfirst_bf16pool_T1_per_seq", GateMode::Softplus, StateLayout::KFirst, 1, false,
+                                   DType::BF16, DType::BF16, 3, 2, 6));
+  cases.push_back(make_decode_case("gva3_h2_hv6_kfirst_fp32pool_T3_per_token", GateMode::SafeSigmoid, StateLayout::KFirst, 3, true,
+                                   DType::F32, DType::F32, 3, 2, 6));
+  DecodeCase kv = make_decode_case("varlen_per_seq_kfirst_fp32pool", GateMode::PreGated, StateLayout::KFirst, 1, false, DType::F32,
+                                   DType::F32, 5);
+  kv.config.base.seqlens = {3, 1, 0, 21, 2};
+  cases.push_back(kv);
+  DecodeCase kz = zs;
+  kz.name = "fixed_zero_start_no_final_beta_raw_kfirst";
+  kz.config.base.state_layout = StateLayout::KFirst;
+  cases.push_back(kz);
+  DecodeCase kzb = kz;
+  kzb.name = "fixed_zero_start_kfirst_bf16state_T1";
+  kzb.config.base.seqlen = 1;
+  kzb.config.base.with_final_state = true;
+  kzb.config.base.state_dtype = DType::BF16;
+  cases.push_back(kzb);
   return cases;
 }
 

@@ -77,13 +77,17 @@ TEST_P(DecodeGpu, MatchesReference) {
 }
 
 std::vector<DecodeCase> gpu_cases() {
-  // Every case on both kernels.
+  // Every case on both kernels; k-first cases on the direct kernel's warp-column form as well.
   std::vector<DecodeCase> both;
   for (const DecodeCase& c : flash_kda::testing::decode_cases())
-    for (flash_kda::DecodeKernel k : {flash_kda::DecodeKernel::Persistent, flash_kda::DecodeKernel::Direct}) {
+    for (flash_kda::DecodeKernel k : {flash_kda::DecodeKernel::Persistent, flash_kda::DecodeKernel::Direct,
+                                      flash_kda::DecodeKernel::DirectColumns}) {
+      if (k == flash_kda::DecodeKernel::DirectColumns && c.config.base.state_layout != StateLayout::KFirst) continue;
       DecodeCase x = c;
       x.kernel = k;
-      x.name += k == flash_kda::DecodeKernel::Persistent ? "_persistent" : "_direct";
+      x.name += k == flash_kda::DecodeKernel::Persistent ? "_persistent"
+                : k == flash_kda::DecodeKernel::Direct   ? "_direct"
+                                                         : "_direct_columns";
       both.push_back(x);
     }
   return both;

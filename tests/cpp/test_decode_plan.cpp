@@ -42,14 +42,15 @@ TEST(DecodePlan, SmallBatchesTakeTwoWarpBlocksOneItemEach) {
 }
 
 TEST(DecodePlan, OnlyTheDirectKernelIsAProgrammaticDependent) {
-  // The direct kernel waits for the kernel before it as its first step (griddepcontrol.wait);
-  // the persistent one does not, so a dependent launch of it could read inputs still being
-  // written.
+  // Both direct forms wait for the kernel before them as their first step
+  // (griddepcontrol.wait); the persistent kernel does not, so a dependent launch of it could
+  // read inputs still being written.
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
     for (int bytes : {4, 2})
       for (const auto& s : {shape(1, 32, 1, false), shape(1024, 96, 2, false), shape(7, 8, 3, true)}) {
         EXPECT_TRUE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::Direct).launch.dependent);
         EXPECT_TRUE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::Auto).launch.dependent);
+        EXPECT_TRUE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::DirectColumns).launch.dependent);
         EXPECT_FALSE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::Persistent).launch.dependent);
       }
 }
@@ -112,6 +113,7 @@ TEST(DecodePlan, AutoTakesTheDirectKernelAndForcedKernelsAreKept) {
         for (int64_t t : {1, 2, 16}) EXPECT_EQ(kernel(n, 96, t, false), DecodeKernel::Direct) << n << " " << t;
       EXPECT_EQ(kernel(1024, 96, 300, true), DecodeKernel::Direct);  // varlen
       EXPECT_EQ(kernel(1024, 96, 1, false, DecodeKernel::Direct), DecodeKernel::Direct);
+      EXPECT_EQ(kernel(1024, 96, 1, false, DecodeKernel::DirectColumns), DecodeKernel::Direct);  // a form of it
       EXPECT_EQ(kernel(1, 32, 1, false, DecodeKernel::Persistent), DecodeKernel::Persistent);
       EXPECT_EQ(kernel(1024, 96, 1, false, DecodeKernel::Persistent), DecodeKernel::Persistent);
     }
@@ -184,10 +186,11 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   for (int64_t t : {2, 3, 16})
     EXPECT_EQ(make_decode_plan(shape(1, 32, t, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 1);
   EXPECT_EQ(make_decode_plan(shape(1, 32, 5, true), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).warps, 1);
-  // k-first splits as v-first: its warps own value columns as v-first's own rows.
+  // k-first's warp-column form splits as v-first: its warps own value columns as v-first's own
+  // rows.
   for (int bytes : {2, 4})
     for (int64_t n : {1, 9, 256}) {
-      const auto k = make_decode_plan(shape(n, 32, 1, false), h200(), bytes, StateLayout::KFirst, DecodeKernel::Direct);
+      const auto k = make_decode_plan(shape(n, 32, 1, false), h200(), bytes, StateLayout::KFirst, DecodeKernel::DirectColumns);
       const auto v = make_decode_plan(shape(n, 32, 1, false), h200(), bytes, StateLayout::VFirst, DecodeKernel::Direct);
       EXPECT_EQ(k.warps, v.warps);
       EXPECT_EQ(k.warp_tile, v.warp_tile);
@@ -195,32 +198,104 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
     }
 }
 
+TEST(DecodePlan, DirectKFirstTakesRowBlocks) {
+  // Auto and Direct: k-first pools in row blocks of one 128-byte line of columns (32 fp32, 64
+  // bf16), 4 key warps, or 8 for a bf16 pool with more than one token (the form's registers).
+  for (DecodeKernel kernel : {DecodeKernel::Auto, DecodeKernel::Direct}) {
+    const auto f32 = make_decode_plan(shape(64, 32, 2, false), h200(), 4, StateLayout::KFirst, kernel);
+    EXPECT_EQ(f32.kernel, DecodeKernel::Direct);
+    EXPECT_TRUE(f32.kfirst_rows);
+    EXPECT_FALSE(f32.wide);
+    EXPECT_EQ(f32.warps, 4);
+    EXPECT_EQ(f32.block_cols, 32);
+    EXPECT_EQ(f32.warp_tile, 32);
+    EXPECT_EQ(f32.slices, 4);
+    EXPECT_EQ(f32.items, 64 * 32 * 4);
+    EXPECT_EQ(f32.launch.grid_x, uint32_t(64 * 32 * 4));
+    EXPECT_EQ(f32.launch.block, 128u);
+    EXPECT_EQ(f32.launch.smem_bytes, 2 * 4 * (32 * 8 + 16));
+    EXPECT_EQ(f32.blocks_per_sm, 4);
+    const auto packed = make_decode_plan(shape(64, 32, 1, false), h200(), 2, StateLayout::KFirst, kernel);
+    EXPECT_TRUE(packed.kfirst_rows);
+    EXPECT_TRUE(packed.one_token);
+    EXPECT_EQ(packed.warps, 4);
+    EXPECT_EQ(packed.block_cols, 64);
+    EXPECT_EQ(packed.slices, 2);
+    EXPECT_EQ(packed.launch.smem_bytes, 2 * 4 * (64 * 8 + 16));
+    for (auto [t, varlen] : {std::pair<int64_t, bool>{2, false}, {16, false}, {1, true}}) {
+      const auto bf16 = make_decode_plan(shape(1, 8, t, varlen), h200(), 2, StateLayout::KFirst, kernel);
+      EXPECT_TRUE(bf16.kfirst_rows);
+      EXPECT_EQ(bf16.warps, 8);
+      EXPECT_EQ(bf16.launch.block, 256u);
+      EXPECT_EQ(bf16.block_cols, 64);
+      EXPECT_EQ(bf16.items, 8 * 2);
+      EXPECT_EQ(bf16.launch.smem_bytes, 2 * 8 * (64 * 8 + 16));
+      EXPECT_EQ(bf16.blocks_per_sm, 2);  // 8 warps of <= 128 registers, as 4 blocks of 4
+    }
+  }
+  // The persistent kernel and v-first pools never take it; DirectColumns on v-first is Direct.
+  EXPECT_FALSE(make_decode_plan(shape(64, 32, 1, false), h200(), 4, StateLayout::KFirst, DecodeKernel::Persistent).kfirst_rows);
+  EXPECT_FALSE(make_decode_plan(shape(64, 32, 1, false), h200(), 4, StateLayout::KFirst, DecodeKernel::DirectColumns).kfirst_rows);
+  for (int bytes : {2, 4}) {
+    const auto d = make_decode_plan(shape(9, 32, 2, false), h200(), bytes, StateLayout::VFirst, DecodeKernel::Direct);
+    const auto c = make_decode_plan(shape(9, 32, 2, false), h200(), bytes, StateLayout::VFirst, DecodeKernel::DirectColumns);
+    EXPECT_FALSE(d.kfirst_rows);
+    EXPECT_EQ(c.kernel, d.kernel);
+    EXPECT_EQ(c.warps, d.warps);
+    EXPECT_EQ(c.warp_tile, d.warp_tile);
+    EXPECT_EQ(c.wide, d.wide);
+    EXPECT_EQ(c.launch.grid_x, d.launch.grid_x);
+    EXPECT_EQ(c.launch.smem_bytes, d.launch.smem_bytes);
+  }
+}
+
 TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
-  // What the direct kernels rely on, over shapes, dtypes, layouts and token counts: a block's
-  // columns are its warps' rows, the slices of a head cover its 128 value rows or columns once,
-  // and the rows (columns) a warp match direct_warp_tile; shared memory only in the split form
-  // (wide, more than one token).
+  // What the direct kernels rely on, over shapes, dtypes, layouts, token counts and forms: a
+  // block's columns are its warps' rows, the slices of a head cover its 128 value rows or
+  // columns once, and the rows (columns) a warp match direct_warp_tile; shared memory only in
+  // the split form (wide, more than one token). The k-first row blocks: a form of
+  // kfirst_rows_key_warps warps over kfirst_rows_cols columns, its exchange buffers in shared
+  // memory.
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
-    for (int bytes : {2, 4})
-      for (int64_t n : {1, 3, 9, 64, 1024})
-        for (int64_t hv : {1, 8, 33, 96})
-          for (auto [t, varlen] : {std::pair<int64_t, bool>{0, false}, {1, false}, {2, false}, {16, false}, {1, true}}) {
-            const auto plan = make_decode_plan(shape(n, hv, t, varlen), h200(), bytes, layout, DecodeKernel::Direct);
-            SCOPED_TRACE(testing::Message() << int(layout) << " " << bytes << " " << n << "x" << hv << " T " << t
-                                            << (varlen ? " varlen" : ""));
-            EXPECT_EQ(plan.one_token, !varlen && t == 1);
-            EXPECT_EQ(plan.wide, bytes == 2 && n * hv * 8 >= 8 * 132);
-            if (plan.wide) EXPECT_EQ(plan.warps, 4);
-            EXPECT_EQ(plan.warp_tile, flash_kda::sm90::direct_warp_tile(bytes, plan.wide));
-            EXPECT_EQ(plan.block_cols, plan.warps * plan.warp_tile);
-            EXPECT_EQ(plan.launch.smem_bytes, plan.wide && !plan.one_token ? plan.warps * 4096 : 0);
-            EXPECT_LE(plan.launch.smem_bytes, 48 * 1024);  // no attribute to set
-            EXPECT_EQ(plan.launch.smem_attr, 0);
-            EXPECT_EQ(plan.slices * plan.block_cols, 128);
-            EXPECT_EQ(plan.items, n * hv * plan.slices);
-            EXPECT_EQ(plan.launch.block, uint32_t(plan.warps * 32));
-            EXPECT_GE(plan.launch.grid_x, 1u);
-          }
+    for (DecodeKernel kernel : {DecodeKernel::Direct, DecodeKernel::DirectColumns})
+      for (int bytes : {2, 4})
+        for (int64_t n : {1, 3, 9, 64, 1024})
+          for (int64_t hv : {1, 8, 33, 96})
+            for (auto [t, varlen] : {std::pair<int64_t, bool>{0, false}, {1, false}, {2, false}, {16, false}, {1, true}}) {
+              const auto plan = make_decode_plan(shape(n, hv, t, varlen), h200(), bytes, layout, kernel);
+              SCOPED_TRACE(testing::Message() << int(layout) << " " << int(kernel) << " " << bytes << " " << n << "x" << hv
+                                              << " T " << t << (varlen ? " varlen" : ""));
+              EXPECT_EQ(plan.kernel, DecodeKernel::Direct);
+              EXPECT_EQ(plan.one_token, !varlen && t == 1);
+              const bool rows = layout == StateLayout::KFirst && kernel == DecodeKernel::Direct;
+              EXPECT_EQ(plan.kfirst_rows, rows);
+              if (rows) {
+                EXPECT_FALSE(plan.wide);
+                EXPECT_EQ(plan.warps, flash_kda::sm90::kfirst_rows_key_warps(bytes, plan.one_token));
+                EXPECT_EQ(plan.block_cols, flash_kda::sm90::kfirst_rows_cols(bytes));
+                EXPECT_EQ(plan.warp_tile, plan.block_cols);
+                EXPECT_EQ(plan.launch.smem_bytes, flash_kda::sm90::kfirst_rows_smem_bytes(plan.warps, plan.block_cols));
+                EXPECT_LE(plan.launch.smem_bytes, 48 * 1024);  // no attribute to set
+                EXPECT_EQ(plan.launch.smem_attr, 0);
+                EXPECT_EQ(plan.slices * plan.block_cols, 128);
+                EXPECT_EQ(plan.items, n * hv * plan.slices);
+                EXPECT_EQ(plan.launch.block, uint32_t(plan.warps * 32));
+                EXPECT_EQ(plan.blocks_per_sm * plan.warps, 16);
+                EXPECT_GE(plan.launch.grid_x, 1u);
+                continue;
+              }
+              EXPECT_EQ(plan.wide, bytes == 2 && n * hv * 8 >= 8 * 132);
+              if (plan.wide) EXPECT_EQ(plan.warps, 4);
+              EXPECT_EQ(plan.warp_tile, flash_kda::sm90::direct_warp_tile(bytes, plan.wide));
+              EXPECT_EQ(plan.block_cols, plan.warps * plan.warp_tile);
+              EXPECT_EQ(plan.launch.smem_bytes, plan.wide && !plan.one_token ? plan.warps * 4096 : 0);
+              EXPECT_LE(plan.launch.smem_bytes, 48 * 1024);  // no attribute to set
+              EXPECT_EQ(plan.launch.smem_attr, 0);
+              EXPECT_EQ(plan.slices * plan.block_cols, 128);
+              EXPECT_EQ(plan.items, n * hv * plan.slices);
+              EXPECT_EQ(plan.launch.block, uint32_t(plan.warps * 32));
+              EXPECT_GE(plan.launch.grid_x, 1u);
+            }
 }
 
 TEST(DecodePlan, DirectTokenGroup) {

@@ -1,9 +1,11 @@
-// The direct decode kernel (src/sm90/decode/direct_warp.cu: this very source, compiled as host
-// C++) run on the CPU model of tests/emu/warp_emu.h, over every case of the C++ decode suite
-// (tests/cpp/decode_cases.h), planned for a 132-SM H200 and for an 8-SM part (other block
-// splits; the few-hundred-sequence cases on the H200 plan only), and checked against
-// flash_kda::reference_decode exactly as the GPU suite checks it; a case that names the H200
-// plan's block split or tile form must get it. It catches what the model shares with the GPU:
+// The direct decode kernel (src/sm90/decode/direct_warp.cu and kfirst_rows.cu: these very
+// sources, compiled as host C++) run on the CPU model of tests/emu/warp_emu.h, over every case
+// of the C++ decode suite (tests/cpp/decode_cases.h), planned for a 132-SM H200 and for an 8-SM
+// part (other block splits; the few-hundred-sequence cases on the H200 plan only), and checked
+// against flash_kda::reference_decode exactly as the GPU suite checks it. The plan picks the
+// form (k-first pools: row blocks); every k-first case runs the warp-column form
+// (DecodeKernel::DirectColumns) as well, on the H200 plan, whose block split or tile form a
+// case may name and must get. It catches what the model shares with the GPU:
 // lane and row mapping, shuffle partners, reductions, indexing, bounds and pool semantics; not
 // timing or memory ordering (the GPU suite and compute-sanitizer cover those).
 #include "warp_emu.h"
@@ -11,7 +13,10 @@
 // The kernel source under its own launch name, so that this test's copy does not collide with
 // the library's.
 #define launch_direct emu_launch_direct
+#define launch_kfirst_rows emu_launch_kfirst_rows
 #include "sm90/decode/direct_warp.cu"
+#include "sm90/decode/kfirst_rows.cu"
+#undef launch_kfirst_rows
 #undef launch_direct
 
 #include <gtest/gtest.h>
@@ -30,8 +35,13 @@ using flash_kda::testing::DecodeCase;
 struct EmuCase {
   DecodeCase c;
   int num_sms = 132;
+  /// Direct (the plan's form) or DirectColumns (k-first's warp-column form).
+  DecodeKernel kernel = DecodeKernel::Direct;
 };
-void PrintTo(const EmuCase& e, std::ostream* os) { *os << e.c.name << "_sms" << e.num_sms; }
+std::string emu_name(const EmuCase& e) {
+  return e.c.name + "_sms" + std::to_string(e.num_sms) + (e.kernel == DecodeKernel::DirectColumns ? "_columns" : "");
+}
+void PrintTo(const EmuCase& e, std::ostream* os) { *os << emu_name(e); }
 
 class DecodeEmu : public ::testing::TestWithParam<EmuCase> {};
 
@@ -50,14 +60,18 @@ TEST_P(DecodeEmu, DirectMatchesReference) {
   props.num_sms = GetParam().num_sms;
   const bool bf16_pool = cfg.base.state_dtype == DType::BF16;
   const flash_kda::sm90::DecodePlan plan =
-      flash_kda::sm90::make_decode_plan(ps, props, bf16_pool ? 2 : 4, a.state_layout, DecodeKernel::Direct);
+      flash_kda::sm90::make_decode_plan(ps, props, bf16_pool ? 2 : 4, a.state_layout, GetParam().kernel);
   ASSERT_EQ(plan.kernel, DecodeKernel::Direct);
-  if (GetParam().num_sms == 132) {
+  ASSERT_EQ(plan.kfirst_rows, a.state_layout == flash_kda::StateLayout::KFirst && GetParam().kernel == DecodeKernel::Direct);
+  // The named block split and tile form are the warp-column form's.
+  if (GetParam().num_sms == 132 && !plan.kfirst_rows) {
     if (GetParam().c.h200_warps > 0) ASSERT_EQ(plan.warps, GetParam().c.h200_warps) << "the case's block split";
     if (GetParam().c.h200_wide) ASSERT_EQ(plan.wide, *GetParam().c.h200_wide) << "the case's tile form";
   }
   const flash_kda::sm90::DecodeParams p = flash_kda::sm90::decode_params(a, ps, plan);
-  ASSERT_EQ(flash_kda::sm90::emu_launch_direct(a.state_layout, bf16_pool, a.gate, plan, 0, p, nullptr), cudaSuccess);
+  const cudaError_t e = plan.kfirst_rows ? flash_kda::sm90::emu_launch_kfirst_rows(bf16_pool, a.gate, plan, 0, p, nullptr)
+                                         : flash_kda::sm90::emu_launch_direct(a.state_layout, bf16_pool, a.gate, plan, 0, p, nullptr);
+  ASSERT_EQ(e, cudaSuccess);
   flash_kda::testing::check_decode(cfg, want, prob, pool_before);
 }
 
@@ -68,13 +82,12 @@ std::vector<EmuCase> emu_cases() {
     const bool large = c.name.find("persistent") != std::string::npos;
     for (int sms : {132, 8})
       if (!large || sms == 132) cases.push_back({c, sms});
+    if (c.config.base.state_layout == flash_kda::StateLayout::KFirst) cases.push_back({c, 132, DecodeKernel::DirectColumns});
   }
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, DecodeEmu, ::testing::ValuesIn(emu_cases()),
-                         [](const ::testing::TestParamInfo<EmuCase>& i) {
-                           return i.param.c.name + "_sms" + std::to_string(i.param.num_sms);
-                         });
+                         [](const ::testing::TestParamInfo<EmuCase>& i) { return emu_name(i.param); });
 
 }  // namespace

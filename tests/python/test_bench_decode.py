@@ -267,7 +267,7 @@ def test_decode_kernel_flag():
     assert a.decode_kernels == ["auto", "persistent", "direct"]
     assert cli.parse_args(["--decode", "--decode-kernel", "direct"]).decode_kernels == ["direct"]
     assert [decode.kernel_label(k) for k in decode.KERNELS] == ["flash_kda", "flash_kda_persistent",
-                                                                  "flash_kda_direct"]
+                                                                  "flash_kda_direct", "flash_kda_direct_columns"]
 
 
 def test_decode_kernel_table():

@@ -465,17 +465,20 @@ def test_fla_dispatches_to_flash_kda_and_falls_back(cuda_sm90, monkeypatch):
 
 
 def test_launch_options_force_each_kernel(cuda_sm90, decode_kernel):
-    """Each kernel forced through flash_kda.DecodeLaunchOptions matches the fp64 reference."""
+    """Each kernel (and k-first form) forced through flash_kda.DecodeLaunchOptions matches the
+    fp64 reference, in each layout."""
     import torch
 
-    kw, valid = _problem(cuda_sm90, N=3, T=2, HV=4, padded=(1,), accepted=True)
-    ref_out, ref_pool = _reference(kw)
-    sel = torch.tensor(valid, device=cuda_sm90, dtype=torch.int64)
-    for kernel in ("auto", "persistent", "direct"):
-        call = dict(kw, initial_state=kw["initial_state"].clone())
-        with torch.inference_mode():
-            out, pool = flash_kda.fused_recurrent_kda_fwd(**call, launch_options=flash_kda.DecodeLaunchOptions(kernel))
-        torch.cuda.synchronize()
-        assert torch.all(out[1] == 0)
-        assert _rel(out[sel], ref_out[sel]) <= BOUND, kernel
-        assert _rel(pool, ref_pool) <= BOUND, kernel
+    for v_first in (True, False):
+        kw, valid = _problem(cuda_sm90, N=3, T=2, HV=4, v_first=v_first, padded=(1,), accepted=True)
+        ref_out, ref_pool = _reference(kw)
+        sel = torch.tensor(valid, device=cuda_sm90, dtype=torch.int64)
+        for kernel in ("auto", "persistent", "direct", "direct_columns"):
+            call = dict(kw, initial_state=kw["initial_state"].clone())
+            with torch.inference_mode():
+                out, pool = flash_kda.fused_recurrent_kda_fwd(**call,
+                                                              launch_options=flash_kda.DecodeLaunchOptions(kernel))
+            torch.cuda.synchronize()
+            assert torch.all(out[1] == 0)
+            assert _rel(out[sel], ref_out[sel]) <= BOUND, (kernel, v_first)
+            assert _rel(pool, ref_pool) <= BOUND, (kernel, v_first)

@@ -169,7 +169,7 @@ class Inputs:
 
 
 #: --decode-kernel's names (flash_kda.DecodeLaunchOptions.kernel) and the default list.
-KERNELS = ("auto", "persistent", "direct")
+KERNELS = ("auto", "persistent", "direct", "direct_columns")
 DEFAULT_KERNELS = ("auto",)
 
 

@@ -495,7 +495,9 @@ void launch_decode(const DecodeArgs& a, const ProblemShape& ps, DecodeKernel ker
   const DecodeParams p = decode_params(a, ps, plan);
 
   cudaError_t e;
-  if (plan.kernel == DecodeKernel::Direct)
+  if (plan.kernel == DecodeKernel::Direct && plan.kfirst_rows)
+    e = launch_kfirst_rows(bf16_pool, a.gate, plan, ctx, p, stream);
+  else if (plan.kernel == DecodeKernel::Direct)
     e = launch_direct(a.state_layout, bf16_pool, a.gate, plan, ctx, p, stream);
   else if (a.state_layout == StateLayout::VFirst)
     e = bf16_pool ? launch_gate<StateLayout::VFirst, __nv_bfloat16>(a.gate, plan.launch, ctx, p, stream)

@@ -1,4 +1,5 @@
-// The direct decode kernel's launch (direct_warp.cu), called by decode.cu with the parameter
+// The direct decode kernel's launches (direct_warp.cu; kfirst_rows.cu, k-first pools' row-block
+// form), called by decode.cu with the parameter
 // block it fills for either kernel and the plan.
 #pragma once
 
@@ -16,5 +17,11 @@ namespace flash_kda::sm90 {
 /// Returns the CUDA error of the launch.
 cudaError_t launch_direct(StateLayout layout, bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx,
                           const DecodeParams& p, cudaStream_t stream);
+
+/// Launches the direct kernel's k-first row-block form (plan.kfirst_rows) for the pool dtype and
+/// the gate mode as `plan` says (its warps: the key warps of the form). Returns the CUDA error of
+/// the launch (cudaErrorInvalidConfiguration for a plan of no instantiated form).
+cudaError_t launch_kfirst_rows(bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx, const DecodeParams& p,
+                               cudaStream_t stream);
 
 }  // namespace flash_kda::sm90

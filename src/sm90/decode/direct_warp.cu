@@ -43,6 +43,7 @@
 #include "sm90/decode/params.h"
 #include "sm90/decode/plan.h"
 #include "sm90/decode/staging.cuh"
+#include "sm90/decode/token.cuh"
 
 namespace flash_kda::sm90 {
 namespace {
@@ -114,48 +115,6 @@ struct KFirstTile : TileSums<16 / int(sizeof(PoolT)), kCols * int(sizeof(PoolT))
 
 template <StateLayout L, typename PoolT, int kTile>
 using Tile = std::conditional_t<L == StateLayout::VFirst, VFirstTile<PoolT, kTile>, KFirstTile<PoolT, kTile>>;
-
-/// E consecutive input elements (bf16 or fp32) as raw bits: E * 2 or E * 4 bytes, 16-byte
-/// vector loads (8-byte for 4 bf16), converted only where they are used (finish_vec), so that
-/// a load issued ahead of the token before it never stalls the warp at a conversion.
-template <int E>
-struct RawVec {
-  uint4 r[E == 8 ? 2 : 1];
-};
-
-template <int E>
-__device__ __forceinline__ RawVec<E> load_vec(const void* base, int64_t i, bool f32) {
-  RawVec<E> x;
-  if (f32) {
-    const uint4* s = reinterpret_cast<const uint4*>(static_cast<const float*>(base) + i);
-#pragma unroll
-    for (int j = 0; j < E / 4; ++j) x.r[j] = s[j];
-  } else if constexpr (E == 8) {
-    x.r[0] = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(base) + i);
-  } else {
-    const uint2 t = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(base) + i);
-    x.r[0] = make_uint4(t.x, t.y, 0u, 0u);
-  }
-  return x;
-}
-
-template <int E>
-__device__ __forceinline__ void finish_vec(const RawVec<E>& x, bool f32, float (&v)[E]) {
-  if (f32) {
-#pragma unroll
-    for (int j = 0; j < E / 4; ++j) {
-      v[4 * j] = __uint_as_float(x.r[j].x), v[4 * j + 1] = __uint_as_float(x.r[j].y);
-      v[4 * j + 2] = __uint_as_float(x.r[j].z), v[4 * j + 3] = __uint_as_float(x.r[j].w);
-    }
-  } else {
-    const uint32_t w[4] = {x.r[0].x, x.r[0].y, x.r[0].z, x.r[0].w};
-#pragma unroll
-    for (int i = 0; i < E / 2; ++i) {
-      const float2 t = unpack_bf16(w[i]);
-      v[2 * i] = t.x, v[2 * i + 1] = t.y;
-    }
-  }
-}
 
 /// Sum of x over the lanes that hold the other keys (lane bits F::kHi .. F::kLo).
 template <class F>
@@ -260,17 +219,8 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
       if (p.A_log != nullptr) a_log = p.A_log[hv];
       if (p.dt_bias != nullptr) bias_raw = load_vec<NK>(p.dt_bias, int64_t(hv) * kD + kb, true);
     }
-    int64_t slot = n;
     bool skip = false;
-    if (p.index_kind != IndexKind::None) {
-      int64_t t_start = 0;
-      if (p.accepted != nullptr) {
-        t_start = load_index(p.accepted, n * p.acc_stride, p.accepted_64) - 1;
-        t_start = t_start < 0 ? 0 : (t_start >= p.seq.seqlen ? p.seq.seqlen - 1 : t_start);
-      }
-      slot = load_index(p.indices, n * p.idx_seq_stride + t_start * p.idx_tok_stride, p.indices_64);
-      skip = len == 0 || slot < 0 || slot >= p.pool_slots;
-    }
+    const int64_t slot = start_slot(p, n, len, skip);
 
     // Every load of the lane's state vectors, at once (first waited for after token 0's inputs).
     uint4 raw[NR];
@@ -294,21 +244,7 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
 
     // The gate's per-head constants and this lane's NK channels of dt_bias (loaded with token
     // 0's inputs).
-    float bias[NK];
-#pragma unroll
-    for (int e = 0; e < NK; ++e) bias[e] = 0.f;
-    math::SafeGateLog2<float> safe{};
-    float neg_rate = 0.f;
-    if constexpr (Gate != GateMode::PreGated) {
-      if (p.dt_bias != nullptr) finish_vec<NK>(bias_raw, true, bias);
-      if constexpr (Gate == GateMode::SafeSigmoid) {
-        safe = math::safe_gate_log2_head(a_log, p.lower_bound, fm);
-#pragma unroll
-        for (int e = 0; e < NK; ++e) bias[e] *= safe.rate2;  // bias2 = rate2 dt_bias
-      } else {
-        neg_rate = -fm.exp(a_log);
-      }
-    }
+    const GateHead<Gate, NK> gate(a_log, bias_raw, p.dt_bias != nullptr, p.lower_bound, fm);
 
     auto finish_token = [&](const TokenRaw<NK>& x) {
       Token<NK> y;
@@ -334,15 +270,9 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
       for (int e = 0; e < NK; ++e) {
         y.q[e] *= qs;
         y.k[e] *= ks;
-        float a2;
-        if constexpr (Gate == GateMode::SafeSigmoid) a2 = math::safe_gate_log2(gin[e], bias[e], safe, fm);
-        else if constexpr (Gate == GateMode::Softplus) a2 = math::softplus_gate_log2(gin[e] + bias[e], neg_rate, fm);
-        else a2 = gin[e] * float(math::kLog2e);
-        y.d[e] = ptx::ex2(a2);
+        y.d[e] = gate.decay(gin[e], e, fm);
       }
-      float bv = bits_value(x.beta_bits, p.beta.f32);
-      if (p.beta_sigmoid) bv = math::beta_sigmoid_log2(bv, fm) * (p.neg_eigval ? 2.f : 1.f);
-      y.b = bv;
+      y.b = beta_value(x.beta_bits, p, fm);
       y.kq = dot * qs * ks;
       y.v = bits_value(x.v_bits, p.v.f32);
       y.slot = x.slot < p.pool_slots ? x.slot : -1;

@@ -19,6 +19,32 @@ int blocks_per_sm(int threads, int smem, int by_regs) {
   return std::max(1, std::min({by_regs, by_smem, 2048 / threads, 32}));
 }
 
+// Resident blocks of the direct kernel's forms: its registers are built for 4 blocks of 128
+// threads a SM (kDirectMinBlocks), its shared memory as given.
+int direct_blocks_per_sm(int threads, int smem) { return blocks_per_sm(threads, smem, kDirectMinBlocks * 128 / threads); }
+
+// k-first row blocks (plan.h): the block is the form's, one per item.
+DecodePlan kfirst_rows_plan(const ProblemShape& p, int state_bytes) {
+  DecodePlan plan;
+  plan.kernel = DecodeKernel::Direct;
+  plan.kfirst_rows = true;
+  plan.one_token = !p.varlen && p.seqlen == 1;
+  plan.warps = kfirst_rows_key_warps(state_bytes, plan.one_token);
+  plan.block_cols = kfirst_rows_cols(state_bytes);
+  plan.warp_tile = plan.block_cols;
+  plan.slices = kDecodeHeadDim / plan.block_cols;
+  plan.token_group = token_group(p);
+  plan.items = p.num_seqs * p.value_heads * plan.slices;
+  const int threads = plan.warps * 32;
+  const int smem = kfirst_rows_smem_bytes(plan.warps, plan.block_cols);
+  plan.blocks_per_sm = direct_blocks_per_sm(threads, smem);
+  plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
+  plan.launch.block = uint32_t(threads);
+  plan.launch.smem_bytes = smem;  // <= 16 KB: no attribute to set
+  plan.launch.dependent = true;   // the kernel's first step is the programmatic wait (plan.h)
+  return plan;
+}
+
 DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   DecodePlan plan;
   plan.kernel = DecodeKernel::Direct;
@@ -35,7 +61,7 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   plan.items = heads * plan.slices;
   const int threads = plan.warps * 32;
   const int smem = direct_smem_bytes(plan.warps, plan.warp_tile, state_bytes, plan.one_token);
-  plan.blocks_per_sm = blocks_per_sm(threads, smem, kDirectMinBlocks * 128 / threads);
+  plan.blocks_per_sm = direct_blocks_per_sm(threads, smem);
   plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
   plan.launch.block = uint32_t(threads);
   plan.launch.smem_bytes = smem;  // <= 16 KB: no attribute to set
@@ -48,8 +74,12 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel) {
   const int64_t sms = std::max(1, device.num_sms);
-  // The auto rule (plan.h): the direct kernel.
-  if (kernel != DecodeKernel::Persistent) return direct_plan(p, sms, state_bytes);
+  // The auto rule (plan.h): the direct kernel, k-first pools in row blocks unless DirectColumns
+  // asks for the warp-column form.
+  if (kernel != DecodeKernel::Persistent) {
+    if (layout == StateLayout::KFirst && kernel != DecodeKernel::DirectColumns) return kfirst_rows_plan(p, state_bytes);
+    return direct_plan(p, sms, state_bytes);
+  }
   DecodePlan plan;
   plan.kernel = DecodeKernel::Persistent;
   const int bytes = state_bytes == 2 ? 2 : 4;

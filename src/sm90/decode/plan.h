@@ -10,15 +10,24 @@
 //   and its state bytes in flight are what its shared-memory stages hold (~16 KB a block).
 // - direct (direct_warp.cu): one block per work item, its state slice loaded straight into
 //   registers with 16-byte loads at the block's first instructions; every warp runs its own
-//   value rows (v-first) or columns (k-first) with no block barrier (8, or 16 for a bf16 pool
-//   with one token a sequence or in the split form: 4 KB of state a warp).
+//   value rows (v-first) or columns (k-first, the warp-column form) with no block barrier (8,
+//   or 16 for a bf16 pool with one token a sequence or in the split form: 4 KB of state a warp).
+// - direct, k-first row blocks (kfirst_rows.cu): one block per C value columns (one 128-byte
+//   line of a key row: 32 fp32, 64 bf16) of a head, its KW warps splitting the 128 keys, the
+//   sums over the keys exchanged through shared memory once a token. A warp-column warp reads
+//   16 or 32 rows 512 (256) bytes apart per load instruction, four times the L2 line requests
+//   of the bytes (1.37-2.09x of the HBM floor on the H200 where v-first sits at 1.04-1.2x); a
+//   row-block warp reads whole lines of four rows.
 // The auto rule (here and in plan.cpp only): always the direct kernel. In one H200 sweep
 // (graph-timed; docs/notes/2026-12-01_breadth-and-decode.md, its 48-point table) the direct
 // kernel took 0.44-1.0x of the persistent kernel's time at 47 of the 48 v-first points
 // (1024 x 32 T = 1: fp32 1094 against 1402 us, bf16 575 against 966 us; 1.04x at 1 x 8 heads,
 // T = 2, bf16: 4.5 against 4.4 us), and the persistent kernel is slower at each of the 12
 // k-first points measured (T = 1, N = 1 to 1024, 32 and 96 heads; 1.9-4.1x). It stays
-// available by DecodeLaunchOptions::kernel, for comparison.
+// available by DecodeLaunchOptions::kernel, for comparison. A k-first pool takes the row-block
+// form (it reads whole L2 lines; the warp-column form's line requests are what held k-first
+// pools far from the floor); DecodeKernel::DirectColumns keeps the warp-column form reachable
+// for the A/B.
 #pragma once
 
 #include <cstdint>
@@ -111,9 +120,22 @@ constexpr int direct_smem_bytes(int warps, int warp_tile, int state_bytes, bool 
 /// one-token ones).
 inline constexpr int kDirectMinBlocks = 4;
 
+/// Direct kernel, k-first row blocks: value columns of a block, one 16-byte vector of each of 8
+/// lanes along a key row (one 128-byte line): 32 for fp32 pools, 64 for bf16.
+constexpr int kfirst_rows_cols(int state_bytes) { return 8 * 16 / (state_bytes == 2 ? 2 : 4); }
+/// Direct kernel, k-first row blocks: warps a block splits the 128 keys over (kfirst_rows.cu's
+/// forms): 4 (8 keys a lane: 32 fp32 registers of state, or a bf16 pool's 64 elements kept as
+/// 32 registers of their bits with one token a sequence), else 8 for a bf16 pool with more
+/// tokens (4 keys a lane, 32 fp32 registers), so that no form holds more than 32 registers of
+/// state a lane.
+constexpr int kfirst_rows_key_warps(int state_bytes, bool one_token) { return state_bytes == 2 && !one_token ? 8 : 4; }
+/// Direct kernel, k-first row blocks: dynamic shared memory, two token-parity buffers of every
+/// warp's partial (S^T k, S^T q) of each column (8 bytes) and its (|q|^2, |k|^2, k . q) (16).
+constexpr int kfirst_rows_smem_bytes(int key_warps, int cols) { return 2 * key_warps * (cols * 8 + 16); }
+
 /// What one decode launch does.
 struct DecodePlan {
-  DecodeKernel kernel = DecodeKernel::Persistent;  ///< the kernel launched (never Auto)
+  DecodeKernel kernel = DecodeKernel::Persistent;  ///< the kernel launched: Persistent or Direct (never Auto or DirectColumns)
   /// Value columns (v-first: value rows) of one work item: persistent warps * 8; direct warps *
   /// warp_tile.
   int block_cols = 32;
@@ -121,6 +143,10 @@ struct DecodePlan {
   bool one_token = false;  ///< fixed length T = 1 (direct: its own kernels)
   int warp_tile = 8;      ///< direct: value rows (columns) a warp owns (direct_warp_tile)
   bool wide = false;      ///< direct: wide tiles (bf16 pool, 16 a warp: packed or split)
+  /// direct, k-first: the row-block form (kfirst_rows.cu): warps = kfirst_rows_key_warps, each
+  /// over its share of the keys of all block_cols = kfirst_rows_cols columns (warp_tile equals
+  /// block_cols, wide is false); else the warp-column form of direct_warp.cu.
+  bool kfirst_rows = false;
   int slices = 4;         ///< work items per (sequence, value head): 128 / block_cols
   int token_group = 1;    ///< tokens staged per round in shared memory (persistent: T for fixed length, else kDecodeVarlenGroup; direct stages none)
   int blocks_per_sm = 4;  ///< resident blocks per SM the registers and shared memory allow
@@ -143,11 +169,16 @@ struct DecodePlan {
 /// 4 * SMs, else of 1 warp: the grid then has at least ~2 blocks a SM or is a head's finest
 /// split (1 x 32 heads fp32: 512 one-warp blocks of 8 rows = 4 KB each). Every warp runs its
 /// tile alone, so the split only spreads the warps over the SMs. A bf16 pool takes wide tiles
-/// (16 a warp) from kDirectWideMinWarpsPerSm of them a SM. A direct launch is the programmatic
-/// dependent of the kernel before it on the stream (launch.dependent): a decode step is a few
-/// microseconds of work at small batches, about as long as a kernel's launch, and its blocks'
-/// launch and setup then overlap the previous kernel's tail; the kernel's first step waits for
-/// that kernel's completion, so every input may be its output.
+/// (16 a warp) from kDirectWideMinWarpsPerSm of them a SM.
+/// Direct, k-first (`kernel` Auto or Direct): the row-block form, blocks of
+/// kfirst_rows_key_warps warps over kfirst_rows_cols columns, one block per item (4 or 2 items
+/// a head); DirectColumns: the warp-column form as for v-first (which DirectColumns leaves as
+/// Direct plans it). plan.kernel is Direct for all of them.
+/// Every direct launch is the programmatic dependent of the kernel before it on the stream
+/// (launch.dependent): a decode step is a few microseconds of work at small batches, about as
+/// long as a kernel's launch, and its blocks' launch and setup then overlap the previous
+/// kernel's tail; the kernels' first step waits for that kernel's completion, so every input
+/// may be its output.
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel = DecodeKernel::Auto);
 
