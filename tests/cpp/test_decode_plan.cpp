@@ -199,8 +199,9 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
 }
 
 TEST(DecodePlan, DirectKFirstTakesRowBlocks) {
-  // Auto and Direct: k-first pools in row blocks of one 128-byte line of columns (32 fp32, 64
-  // bf16), 4 key warps, or 8 for a bf16 pool with more than one token (the form's registers).
+  // Auto and Direct: k-first fp32 pools and one-token bf16 ones in row blocks of one 128-byte
+  // line of columns (32 fp32, 64 bf16), 4 key warps; a bf16 pool with more than one token in
+  // the warp-column form (kfirst_rows_serves).
   for (DecodeKernel kernel : {DecodeKernel::Auto, DecodeKernel::Direct}) {
     const auto f32 = make_decode_plan(shape(64, 32, 2, false), h200(), 4, StateLayout::KFirst, kernel);
     EXPECT_EQ(f32.kernel, DecodeKernel::Direct);
@@ -224,13 +225,12 @@ TEST(DecodePlan, DirectKFirstTakesRowBlocks) {
     EXPECT_EQ(packed.launch.smem_bytes, 2 * 4 * (64 * 8 + 16));
     for (auto [t, varlen] : {std::pair<int64_t, bool>{2, false}, {16, false}, {1, true}}) {
       const auto bf16 = make_decode_plan(shape(1, 8, t, varlen), h200(), 2, StateLayout::KFirst, kernel);
-      EXPECT_TRUE(bf16.kfirst_rows);
-      EXPECT_EQ(bf16.warps, 8);
-      EXPECT_EQ(bf16.launch.block, 256u);
-      EXPECT_EQ(bf16.block_cols, 64);
-      EXPECT_EQ(bf16.items, 8 * 2);
-      EXPECT_EQ(bf16.launch.smem_bytes, 2 * 8 * (64 * 8 + 16));
-      EXPECT_EQ(bf16.blocks_per_sm, 2);  // 8 warps of <= 128 registers, as 4 blocks of 4
+      EXPECT_FALSE(bf16.kfirst_rows);
+      const auto columns = make_decode_plan(shape(1, 8, t, varlen), h200(), 2, StateLayout::KFirst, DecodeKernel::DirectColumns);
+      EXPECT_EQ(bf16.warps, columns.warps);
+      EXPECT_EQ(bf16.warp_tile, columns.warp_tile);
+      EXPECT_EQ(bf16.wide, columns.wide);
+      EXPECT_EQ(bf16.launch.smem_bytes, columns.launch.smem_bytes);
     }
   }
   // The persistent kernel and v-first pools never take it; DirectColumns on v-first is Direct.
@@ -254,8 +254,8 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
   // block's columns are its warps' rows, the slices of a head cover its 128 value rows or
   // columns once, and the rows (columns) a warp match direct_warp_tile; shared memory only in
   // the split form (wide, more than one token). The k-first row blocks: a form of
-  // kfirst_rows_key_warps warps over kfirst_rows_cols columns, its exchange buffers in shared
-  // memory.
+  // kKFirstRowsKeyWarps warps over kfirst_rows_cols columns, its exchange buffers in shared
+  // memory, for fp32 pools and one-token bf16 ones (bf16 with more tokens: the warp columns).
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
     for (DecodeKernel kernel : {DecodeKernel::Direct, DecodeKernel::DirectColumns})
       for (int bytes : {2, 4})
@@ -267,11 +267,12 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
                                               << " T " << t << (varlen ? " varlen" : ""));
               EXPECT_EQ(plan.kernel, DecodeKernel::Direct);
               EXPECT_EQ(plan.one_token, !varlen && t == 1);
-              const bool rows = layout == StateLayout::KFirst && kernel == DecodeKernel::Direct;
+              const bool rows = layout == StateLayout::KFirst && kernel == DecodeKernel::Direct &&
+                                (bytes == 4 || plan.one_token);
               EXPECT_EQ(plan.kfirst_rows, rows);
               if (rows) {
                 EXPECT_FALSE(plan.wide);
-                EXPECT_EQ(plan.warps, flash_kda::sm90::kfirst_rows_key_warps(bytes, plan.one_token));
+                EXPECT_EQ(plan.warps, flash_kda::sm90::kKFirstRowsKeyWarps);
                 EXPECT_EQ(plan.block_cols, flash_kda::sm90::kfirst_rows_cols(bytes));
                 EXPECT_EQ(plan.warp_tile, plan.block_cols);
                 EXPECT_EQ(plan.launch.smem_bytes, flash_kda::sm90::kfirst_rows_smem_bytes(plan.warps, plan.block_cols));

@@ -62,7 +62,8 @@ TEST_P(DecodeEmu, DirectMatchesReference) {
   const flash_kda::sm90::DecodePlan plan =
       flash_kda::sm90::make_decode_plan(ps, props, bf16_pool ? 2 : 4, a.state_layout, GetParam().kernel);
   ASSERT_EQ(plan.kernel, DecodeKernel::Direct);
-  ASSERT_EQ(plan.kfirst_rows, a.state_layout == flash_kda::StateLayout::KFirst && GetParam().kernel == DecodeKernel::Direct);
+  ASSERT_EQ(plan.kfirst_rows, a.state_layout == flash_kda::StateLayout::KFirst && GetParam().kernel == DecodeKernel::Direct &&
+                                  flash_kda::sm90::kfirst_rows_serves(bf16_pool ? 2 : 4, plan.one_token));
   // The named block split and tile form are the warp-column form's.
   if (GetParam().num_sms == 132 && !plan.kfirst_rows) {
     if (GetParam().c.h200_warps > 0) ASSERT_EQ(plan.warps, GetParam().c.h200_warps) << "the case's block split";
@@ -82,7 +83,12 @@ std::vector<EmuCase> emu_cases() {
     const bool large = c.name.find("persistent") != std::string::npos;
     for (int sms : {132, 8})
       if (!large || sms == 132) cases.push_back({c, sms});
-    if (c.config.base.state_layout == flash_kda::StateLayout::KFirst) cases.push_back({c, 132, DecodeKernel::DirectColumns});
+    // k-first cases whose plan takes the row blocks, once more in the warp-column form (the
+    // others take that form already).
+    const bool one_token = c.config.base.seqlens.empty() && c.config.base.seqlen == 1;
+    if (c.config.base.state_layout == flash_kda::StateLayout::KFirst &&
+        flash_kda::sm90::kfirst_rows_serves(c.config.base.state_dtype == DType::BF16 ? 2 : 4, one_token))
+      cases.push_back({c, 132, DecodeKernel::DirectColumns});
   }
   return cases;
 }

@@ -30,12 +30,12 @@
 // - Pool semantics as direct_warp.cu: the start slot decides a skip (negative or >= P: zero rows
 //   of out, no state access); [N, T] indices send each token's state to its own valid slot.
 //   Every branch of the item loop is uniform over the block (the barrier's condition).
-// Forms (the plan picks, plan.h): fp32 pool, KW = 4 (8 vectors = 32 floats a lane, 4 KB of state
-// a warp); bf16 pool with one token a sequence, KW = 4 packed (8 vectors kept as the loaded bf16
-// bits, 32 registers, decayed and updated in fp32 as they are read and rounded once at the
-// store, as direct_warp.cu's packed form); bf16 pool with more tokens, KW = 8 (4 vectors = 32
-// floats a lane in fp32 across the tokens). Pool dtype, gate mode, one token (kOneToken) and KW
-// are template parameters; input dtypes, index kind and the beta / norm flags are uniform
+// Forms (the plan picks, plan.h's kfirst_rows_serves), both at KW = 4: fp32 pool (8 vectors = 32
+// floats a lane, 4 KB of state a warp), any T; bf16 pool with one token a sequence, packed (8
+// vectors kept as the loaded bf16 bits, 32 registers, decayed and updated in fp32 as they are
+// read and rounded once at the store, as direct_warp.cu's packed form). A bf16 pool with more
+// tokens takes direct_warp.cu's warp columns. Pool dtype, gate mode, one token (kOneToken) and
+// KW are template parameters; input dtypes, index kind and the beta / norm flags are uniform
 // run-time branches.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -344,13 +344,14 @@ cudaError_t rows_launch_gate(GateMode gate, const KernelLaunch& k, uint64_t ctx,
 cudaError_t launch_kfirst_rows(bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx, const DecodeParams& p,
                                cudaStream_t stream) {
   const KernelLaunch& k = plan.launch;
-  // The forms of the kernel's comment: the plan's key warps (kfirst_rows_key_warps) name one.
-  if (!bf16_pool && plan.warps == 4)
-    return plan.one_token ? rows_launch_gate<float, true, 4>(gate, k, ctx, p, stream)
-                          : rows_launch_gate<float, false, 4>(gate, k, ctx, p, stream);
-  if (bf16_pool && plan.one_token && plan.warps == 4) return rows_launch_gate<__nv_bfloat16, true, 4>(gate, k, ctx, p, stream);
-  if (bf16_pool && !plan.one_token && plan.warps == 8) return rows_launch_gate<__nv_bfloat16, false, 8>(gate, k, ctx, p, stream);
-  return cudaErrorInvalidConfiguration;  // a plan of no instantiated form
+  // The forms of the kernel's comment (plan.h's kfirst_rows_serves).
+  constexpr int KW = kKFirstRowsKeyWarps;
+  if (plan.warps != KW) return cudaErrorInvalidConfiguration;  // a plan of no instantiated form
+  if (!bf16_pool)
+    return plan.one_token ? rows_launch_gate<float, true, KW>(gate, k, ctx, p, stream)
+                          : rows_launch_gate<float, false, KW>(gate, k, ctx, p, stream);
+  if (plan.one_token) return rows_launch_gate<__nv_bfloat16, true, KW>(gate, k, ctx, p, stream);
+  return cudaErrorInvalidConfiguration;
 }
 
 }  // namespace flash_kda::sm90

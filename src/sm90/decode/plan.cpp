@@ -29,7 +29,7 @@ DecodePlan kfirst_rows_plan(const ProblemShape& p, int state_bytes) {
   plan.kernel = DecodeKernel::Direct;
   plan.kfirst_rows = true;
   plan.one_token = !p.varlen && p.seqlen == 1;
-  plan.warps = kfirst_rows_key_warps(state_bytes, plan.one_token);
+  plan.warps = kKFirstRowsKeyWarps;
   plan.block_cols = kfirst_rows_cols(state_bytes);
   plan.warp_tile = plan.block_cols;
   plan.slices = kDecodeHeadDim / plan.block_cols;
@@ -74,10 +74,12 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
 DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, int state_bytes, StateLayout layout,
                             DecodeKernel kernel) {
   const int64_t sms = std::max(1, device.num_sms);
-  // The auto rule (plan.h): the direct kernel, k-first pools in row blocks unless DirectColumns
-  // asks for the warp-column form.
+  // The auto rule (plan.h): the direct kernel, k-first pools in row blocks where those serve
+  // them (kfirst_rows_serves) unless DirectColumns asks for the warp-column form.
   if (kernel != DecodeKernel::Persistent) {
-    if (layout == StateLayout::KFirst && kernel != DecodeKernel::DirectColumns) return kfirst_rows_plan(p, state_bytes);
+    const bool one_token = !p.varlen && p.seqlen == 1;
+    if (layout == StateLayout::KFirst && kernel != DecodeKernel::DirectColumns && kfirst_rows_serves(state_bytes, one_token))
+      return kfirst_rows_plan(p, state_bytes);
     return direct_plan(p, sms, state_bytes);
   }
   DecodePlan plan;

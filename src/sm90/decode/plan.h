@@ -123,12 +123,17 @@ inline constexpr int kDirectMinBlocks = 4;
 /// Direct kernel, k-first row blocks: value columns of a block, one 16-byte vector of each of 8
 /// lanes along a key row (one 128-byte line): 32 for fp32 pools, 64 for bf16.
 constexpr int kfirst_rows_cols(int state_bytes) { return 8 * 16 / (state_bytes == 2 ? 2 : 4); }
-/// Direct kernel, k-first row blocks: warps a block splits the 128 keys over (kfirst_rows.cu's
-/// forms): 4 (8 keys a lane: 32 fp32 registers of state, or a bf16 pool's 64 elements kept as
-/// 32 registers of their bits with one token a sequence), else 8 for a bf16 pool with more
-/// tokens (4 keys a lane, 32 fp32 registers), so that no form holds more than 32 registers of
-/// state a lane.
-constexpr int kfirst_rows_key_warps(int state_bytes, bool one_token) { return state_bytes == 2 && !one_token ? 8 : 4; }
+/// Direct kernel, k-first row blocks: warps a block splits the 128 keys over: 4, 8 keys a lane
+/// (32 fp32 registers of state, or a bf16 pool's 64 elements kept as 32 registers of their bits
+/// with one token a sequence).
+inline constexpr int kKFirstRowsKeyWarps = 4;
+/// Direct kernel, k-first: whether the row blocks serve a pool of `state_bytes` bytes per
+/// element: fp32 pools, and bf16 pools with one token a sequence (the packed form). A bf16 pool
+/// with more tokens would hold 64 fp32 state elements a lane across the tokens at 4 key warps;
+/// at 8 (32 a lane, 256-thread blocks) the H200 measured the row blocks 1.25-1.7x slower than
+/// the warp-column form at every point of 60 (docs/notes/2026-12-01_breadth-and-decode.md), so
+/// those pools take the warp-column form.
+constexpr bool kfirst_rows_serves(int state_bytes, bool one_token) { return state_bytes != 2 || one_token; }
 /// Direct kernel, k-first row blocks: dynamic shared memory, two token-parity buffers of every
 /// warp's partial (S^T k, S^T q) of each column (8 bytes) and its (|q|^2, |k|^2, k . q) (16).
 constexpr int kfirst_rows_smem_bytes(int key_warps, int cols) { return 2 * key_warps * (cols * 8 + 16); }
@@ -143,7 +148,7 @@ struct DecodePlan {
   bool one_token = false;  ///< fixed length T = 1 (direct: its own kernels)
   int warp_tile = 8;      ///< direct: value rows (columns) a warp owns (direct_warp_tile)
   bool wide = false;      ///< direct: wide tiles (bf16 pool, 16 a warp: packed or split)
-  /// direct, k-first: the row-block form (kfirst_rows.cu): warps = kfirst_rows_key_warps, each
+  /// direct, k-first: the row-block form (kfirst_rows.cu): warps = kKFirstRowsKeyWarps, each
   /// over its share of the keys of all block_cols = kfirst_rows_cols columns (warp_tile equals
   /// block_cols, wide is false); else the warp-column form of direct_warp.cu.
   bool kfirst_rows = false;
@@ -170,10 +175,11 @@ struct DecodePlan {
 /// split (1 x 32 heads fp32: 512 one-warp blocks of 8 rows = 4 KB each). Every warp runs its
 /// tile alone, so the split only spreads the warps over the SMs. A bf16 pool takes wide tiles
 /// (16 a warp) from kDirectWideMinWarpsPerSm of them a SM.
-/// Direct, k-first (`kernel` Auto or Direct): the row-block form, blocks of
-/// kfirst_rows_key_warps warps over kfirst_rows_cols columns, one block per item (4 or 2 items
-/// a head); DirectColumns: the warp-column form as for v-first (which DirectColumns leaves as
-/// Direct plans it). plan.kernel is Direct for all of them.
+/// Direct, k-first (`kernel` Auto or Direct), fp32 pools and one-token bf16 ones
+/// (kfirst_rows_serves): the row-block form, blocks of kKFirstRowsKeyWarps warps over
+/// kfirst_rows_cols columns, one block per item (4 or 2 items a head); bf16 pools with more
+/// tokens, and DirectColumns: the warp-column form as for v-first (which DirectColumns leaves
+/// as Direct plans it). plan.kernel is Direct for all of them.
 /// Every direct launch is the programmatic dependent of the kernel before it on the stream
 /// (launch.dependent): a decode step is a few microseconds of work at small batches, about as
 /// long as a kernel's launch, and its blocks' launch and setup then overlap the previous
