@@ -81,11 +81,16 @@ def _reject(reason: str) -> tuple[bool, str]:
 
 
 #: Where flash_kda's decode is faster than fla's Triton kernel in the H200 record
-#: (BENCHMARK_H200.md "Decode": N = 1 to 1024 sequences, 8 to 96 heads, T = 1 and 2, both pool
-#: dtypes and layouts): v-first pools at 44 of 48 points, all but one sequence of one token;
-#: k-first pools with a bf16 pool from 32 sequences (1.10-1.45x; slower at 12 of the 24 fp32
-#: points and at single-sequence bf16 ones).
-FASTER_THAN_FLA = "v-first pools (but one sequence of one token); k-first bf16 pools from 32 sequences"
+#: (BENCHMARK_H200.md "Decode": the whole sweep, N = 1 to 1024 sequences x 4 to 96 heads x T =
+#: 1, 2, 4, both pool dtypes and layouts, 336 points): faster at 330. The slower ones: k-first
+#: bf16 pools with more than one token where N * HV is 64, 96 or 128 (0.73-0.92x; 1.05x at 64
+#: heads with T = 4), the warp-column form's narrow tiles, between its one-warp blocks (32
+#: heads and fewer: 1.11-1.86x) and its wide tiles (from the 132 heads of the H200's SMs:
+#: 1.12-1.33x); and one tie (1 x 96 heads, v-first bf16, T = 1: 4.1 us each).
+FASTER_THAN_FLA = ("every call but k-first bf16 pools with more than one token a sequence and 33 to 131 "
+                   "sequence-heads (N * HV)")
+#: N * HV of the k-first bf16 multi-token calls that fla's Triton decode serves faster.
+_KFIRST_BF16_SLOWER_HEADS = range(33, 132)
 
 
 def _slower_than_fla(q, initial_state, state_v_first, cu_seqlens) -> str | None:
@@ -93,14 +98,14 @@ def _slower_than_fla(q, initial_state, state_v_first, cu_seqlens) -> str | None:
     Shapes and dtypes only."""
     num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
     one_token = cu_seqlens is None and q.shape[1] == 1
-    if state_v_first:
-        if num_seqs == 1 and one_token:
-            return "one sequence of one token: fla's Triton decode is as fast there (FLA_FLASH_KDA_DECODE=1 sends it here)"
+    bf16_pool = initial_state is not None and str(initial_state.dtype) == "torch.bfloat16"
+    if state_v_first or one_token or not bf16_pool:
         return None
-    if initial_state is not None and str(initial_state.dtype) == "torch.bfloat16" and num_seqs >= 32:
-        return None
-    return ("k-first states: fla's Triton decode is faster there but with a bf16 pool from 32 sequences "
-            "(FLA_FLASH_KDA_DECODE=1 sends it here)")
+    heads = num_seqs * initial_state.shape[1]
+    if heads in _KFIRST_BF16_SLOWER_HEADS:
+        return (f"a k-first bf16 pool with more than one token and {heads} sequence-heads: fla's Triton decode "
+                "is faster there (FLA_FLASH_KDA_DECODE=1 sends it here)")
+    return None
 
 
 def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,

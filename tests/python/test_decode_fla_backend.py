@@ -170,13 +170,21 @@ def gpu_build(monkeypatch):
 
 @pytest.mark.parametrize("change, served", [
     (dict(state_v_first=True), True),                                             # 4 sequences, T = 1
-    (dict(state_v_first=True, N=1), False),                                       # one sequence of one token
+    (dict(state_v_first=True, N=1), True),                                        # one sequence of one token
     (dict(state_v_first=True, N=1, T_=2, ssm_state_indices=T(1, 2)), True),       # one sequence, a draft of 2
     (dict(state_v_first=True, N=1, T_=5, ssm_state_indices=T(2), cu_seqlens=T(3)), True),  # varlen, 2 sequences
-    (dict(), False),                                                              # k-first, fp32 pool
-    (dict(N=32, ssm_state_indices=T(32), initial_state=T(40, 2, 128, 128)), True),  # k-first bf16 pool, 32 sequences
-    (dict(N=31, ssm_state_indices=T(31), initial_state=T(40, 2, 128, 128)), False),
-    (dict(N=64, ssm_state_indices=T(64), initial_state=T(70, 2, 128, 128, dtype="torch.float32")), False),
+    (dict(), True),                                                               # k-first, fp32 pool
+    (dict(N=1, HV=96, H=96, ssm_state_indices=T(1, 2), T_=2,
+          initial_state=T(4, 96, 128, 128, dtype="torch.float32")), True),        # k-first fp32, 96 heads, T = 2
+    # k-first bf16 pools: one token, any heads; more tokens, N * HV outside 33..131
+    (dict(N=32, HV=4, H=4, ssm_state_indices=T(32), initial_state=T(40, 4, 128, 128)), True),
+    (dict(N=16, T_=2, ssm_state_indices=T(16, 2), initial_state=T(40, 2, 128, 128)), True),     # 32 heads
+    (dict(N=17, T_=2, ssm_state_indices=T(17, 2), initial_state=T(40, 2, 128, 128)), False),    # 34 heads
+    (dict(N=1, H=96, HV=96, T_=4, ssm_state_indices=T(1, 4), initial_state=T(4, 96, 128, 128)), False),
+    (dict(N=65, T_=2, ssm_state_indices=T(65, 2), initial_state=T(140, 2, 128, 128)), False),   # 130 heads
+    (dict(N=66, T_=2, ssm_state_indices=T(66, 2), initial_state=T(140, 2, 128, 128)), True),    # 132 heads
+    (dict(N=1, H=8, HV=8, T_=24, ssm_state_indices=T(8), cu_seqlens=T(9),
+          initial_state=T(9, 8, 128, 128)), False),                                # varlen, 8 x 8 heads
 ])
 def test_default_scope_is_where_flash_kda_is_faster(monkeypatch, change, served):
     """FLA_FLASH_KDA_DECODE unset: the verifier serves the calls of FASTER_THAN_FLA and hands
