@@ -213,12 +213,7 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
     // state, with token 0 finished in the meantime.
     TokenRaw<NK> next{};
     if (len > 0) next = load_token(0);
-    float a_log = 0.f;
-    RawVec<NK> bias_raw{};
-    if constexpr (Gate != GateMode::PreGated) {
-      if (p.A_log != nullptr) a_log = p.A_log[hv];
-      if (p.dt_bias != nullptr) bias_raw = load_vec<NK>(p.dt_bias, int64_t(hv) * kD + kb, true);
-    }
+    const GateParamsRaw<Gate, NK> gate_raw(p, hv, kb);
     bool skip = false;
     const int64_t slot = start_slot(p, n, len, skip);
 
@@ -244,7 +239,7 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
 
     // The gate's per-head constants and this lane's NK channels of dt_bias (loaded with token
     // 0's inputs).
-    const GateHead<Gate, NK> gate(a_log, bias_raw, p.dt_bias != nullptr, p.lower_bound, fm);
+    const GateHead<Gate, NK> gate(gate_raw.a_log, gate_raw.bias, p.dt_bias != nullptr, p.lower_bound, fm);
 
     auto finish_token = [&](const TokenRaw<NK>& x) {
       Token<NK> y;

@@ -156,12 +156,7 @@ __global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
     // Token 0's inputs and the gate's parameters are in flight while the slot index is read.
     RowsTokenRaw<NR, NU> next{};
     if (len > 0) next = load_token(0);
-    float a_log = 0.f;
-    RawVec<NR> bias_raw{};
-    if constexpr (Gate != GateMode::PreGated) {
-      if (p.A_log != nullptr) a_log = p.A_log[hv];
-      if (p.dt_bias != nullptr) bias_raw = load_vec<NR>(p.dt_bias, int64_t(hv) * kD + kb, true);
-    }
+    const GateParamsRaw<Gate, NR> gate_raw(p, hv, kb);
     bool skip = false;
     const int64_t slot = start_slot(p, n, len, skip);
 
@@ -185,7 +180,7 @@ __global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
       continue;
     }
 
-    const GateHead<Gate, NR> gate(a_log, bias_raw, p.dt_bias != nullptr, p.lower_bound, fm);
+    const GateHead<Gate, NR> gate(gate_raw.a_log, gate_raw.bias, p.dt_bias != nullptr, p.lower_bound, fm);
     auto finish_token = [&](const RowsTokenRaw<NR, NU>& x) {
       RowsToken<NR, NU> y;
       finish_vec<NR>(x.q, p.q.f32, y.q);

@@ -23,6 +23,18 @@ int blocks_per_sm(int threads, int smem, int by_regs) {
 // threads a SM (kDirectMinBlocks), its shared memory as given.
 int direct_blocks_per_sm(int threads, int smem) { return blocks_per_sm(threads, smem, kDirectMinBlocks * 128 / threads); }
 
+// The launch of a direct plan whose warps and items are set, either form: one block per item
+// (at most 2^31 - 1, the kernels loop past that), `smem` bytes of shared memory (<= 16 KB: no
+// attribute to set), the programmatic dependent of the kernel before it (plan.h).
+void direct_launch(DecodePlan& plan, int smem) {
+  const int threads = plan.warps * 32;
+  plan.blocks_per_sm = direct_blocks_per_sm(threads, smem);
+  plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
+  plan.launch.block = uint32_t(threads);
+  plan.launch.smem_bytes = smem;
+  plan.launch.dependent = true;  // the kernels' first step is the programmatic wait
+}
+
 // k-first row blocks (plan.h): the block is the form's, one per item.
 DecodePlan kfirst_rows_plan(const ProblemShape& p, int state_bytes) {
   DecodePlan plan;
@@ -35,13 +47,7 @@ DecodePlan kfirst_rows_plan(const ProblemShape& p, int state_bytes) {
   plan.slices = kDecodeHeadDim / plan.block_cols;
   plan.token_group = token_group(p);
   plan.items = p.num_seqs * p.value_heads * plan.slices;
-  const int threads = plan.warps * 32;
-  const int smem = kfirst_rows_smem_bytes(plan.warps, plan.block_cols);
-  plan.blocks_per_sm = direct_blocks_per_sm(threads, smem);
-  plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
-  plan.launch.block = uint32_t(threads);
-  plan.launch.smem_bytes = smem;  // <= 16 KB: no attribute to set
-  plan.launch.dependent = true;   // the kernel's first step is the programmatic wait (plan.h)
+  direct_launch(plan, kfirst_rows_smem_bytes(plan.warps, plan.block_cols));
   return plan;
 }
 
@@ -59,13 +65,7 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   plan.slices = kDecodeHeadDim / plan.block_cols;
   plan.token_group = token_group(p);
   plan.items = heads * plan.slices;
-  const int threads = plan.warps * 32;
-  const int smem = direct_smem_bytes(plan.warps, plan.warp_tile, state_bytes, plan.one_token);
-  plan.blocks_per_sm = direct_blocks_per_sm(threads, smem);
-  plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
-  plan.launch.block = uint32_t(threads);
-  plan.launch.smem_bytes = smem;  // <= 16 KB: no attribute to set
-  plan.launch.dependent = true;   // the kernel's first step is the programmatic wait (plan.h)
+  direct_launch(plan, direct_smem_bytes(plan.warps, plan.warp_tile, state_bytes, plan.one_token));
   return plan;
 }
 

@@ -61,6 +61,22 @@ __device__ __forceinline__ void finish_vec(const RawVec<E>& x, bool f32, float (
   }
 }
 
+/// The gate's parameters as loaded, A_log[hv] (0 when absent) and a lane's NK consecutive
+/// channels of dt_bias from key kb (raw bits), for GateHead. They do not depend on the slot, so
+/// the kernels issue these loads with token 0's inputs, before the slot index.
+template <GateMode Gate, int NK>
+struct GateParamsRaw {
+  float a_log = 0.f;
+  RawVec<NK> bias{};
+
+  __device__ __forceinline__ GateParamsRaw(const DecodeParams& p, int hv, int kb) {
+    if constexpr (Gate != GateMode::PreGated) {
+      if (p.A_log != nullptr) a_log = p.A_log[hv];
+      if (p.dt_bias != nullptr) bias = load_vec<NK>(p.dt_bias, int64_t(hv) * kD + kb, true);
+    }
+  }
+};
+
 /// The gate's per-head constants and a lane's NK consecutive channels of dt_bias (safe gate:
 /// pre-multiplied by its rate, bias2 = rate2 dt_bias), from which decay() gives exp(a) of a key.
 template <GateMode Gate, int NK>
