@@ -5,7 +5,8 @@ tokens, tensors [batch, T, H, 128], no cu_seqlens. Varlen: `seqlens` packed into
 [1, sum(seqlens), H, 128] with cu_seqlens = [0, cumsum(seqlens)]. K = V = 128 and HV = H
 (FlashKDA's configuration). The variant: the gate (safe, softplus or pre-computed), the state
 layout, the initial and final state dtypes, and whether q, k, v are views of one fused
-projection (strided).
+projection (strided); and the entry point that runs it (fwd, or chunk_kda with fla's keyword
+arguments).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ DEFAULT_STATE = "fp32"
 GATES = ("safe", "softplus", "pre")
 #: --state-layout choices: [N, HV, V, K] (FlashKDA, state_v_first=True) or [N, HV, K, V] (fla's default).
 STATE_LAYOUTS = ("v_first", "k_first")
+#: --entry choices: flash_kda.fwd writing preallocated outputs (FlashKDA's configuration only), or
+#: flash_kda.chunk_kda with fla's keyword arguments, allocating its outputs (every variant).
+ENTRIES = ("fwd", "chunk_kda")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class Case:
             the same.
         strided: q, k and v are views of one fused [B, T, 3, H, K] projection (token stride
             3 H K) instead of separate contiguous tensors.
+        entry: one of ENTRIES, the flash_kda function timed: "fwd" takes FlashKDA's
+            configuration only; "chunk_kda" takes every variant, and FlashKDA's configuration
+            with --entry chunk_kda (so that a variant's A/B against it times one entry point).
     """
 
     name: str
@@ -63,6 +70,7 @@ class Case:
     state_layout: str = "v_first"
     state_out: str | None = None
     strided: bool = False
+    entry: str = "fwd"
 
     @property
     def final_state_dtype(self) -> str:
@@ -70,15 +78,23 @@ class Case:
         return self.state if self.state == "none" or self.state_out is None else self.state_out
 
     @property
-    def plain(self) -> bool:
+    def flashkda_configuration(self) -> bool:
         """True for FlashKDA's own configuration (safe gate, v-first, one state dtype,
-        contiguous inputs): the variant of the anchors and of the README's table."""
+        contiguous inputs), whichever entry point runs it."""
         return (self.gate == "safe" and self.state_layout == "v_first" and self.final_state_dtype == self.state
                 and not self.strided)
 
+    @property
+    def plain(self) -> bool:
+        """True for FlashKDA's own configuration through flash_kda.fwd: the call of the anchors
+        and of the README's table."""
+        return self.flashkda_configuration and self.entry == "fwd"
+
     def variant_label(self) -> str:
-        """The variant in words ("softplus gate, k-first, bf16 -> fp32 states, strided q/k/v"),
-        for section titles."""
+        """The variant in words ("softplus gate, k-first, bf16 -> fp32 states, strided q/k/v";
+        "safe gate, v-first states, fp32 states, through chunk_kda"), for section titles. The
+        entry point is named only for FlashKDA's configuration: every other variant runs
+        through chunk_kda."""
         parts = [f"{self.gate} gate", self.state_layout.replace("_", "-") + " states"]
         if self.state == "none":
             parts[-1] = "no state"
@@ -88,6 +104,8 @@ class Case:
             parts.append(f"{self.state} states")
         if self.strided:
             parts.append("strided q/k/v (views of a fused projection)")
+        if self.flashkda_configuration and self.entry != "fwd":
+            parts.append(f"through {self.entry}")
         return ", ".join(parts)
 
     @property

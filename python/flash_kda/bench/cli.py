@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="initial and final state dtypes, e.g. bf16,fp32 (instead of --state)")
     var.add_argument("--strided", action="store_true",
                      help="q, k, v as views of one fused [B, T, 3, H, K] projection (token stride 3 H K)")
+    var.add_argument("--entry", choices=cases_mod.ENTRIES, default=None,
+                     help="flash_kda function timed: fwd (preallocated outputs; FlashKDA's configuration only) or "
+                     "chunk_kda (fla's keyword arguments, outputs allocated per call); default fwd for FlashKDA's "
+                     "configuration, chunk_kda for every other variant")
     dec = p.add_argument_group("decode (--decode: the decode step over a state pool against fla's fused_recurrent_kda_fwd)")
     dec.add_argument("--decode", action="store_true",
                      help="run the decode sweep instead of the forward cases (default: every point of the sweep "
@@ -179,9 +183,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decode_flags = [f for f in ("decode_seqs", "decode_heads", "decode_tokens", "decode_states", "decode_layouts",
                                 "decode_kernel") if getattr(args, f) is not None]
     args.decode_cases = []
-    variant = args.gate != ["safe"] or args.state_layout != "v_first" or args.state_dtypes is not None or args.strided
+    variant = (args.gate != ["safe"] or args.state_layout != "v_first" or args.state_dtypes is not None or args.strided
+               or args.entry is not None)
     if args.decode and variant:
-        parser.error("--gate/--state-layout/--state-dtypes/--strided vary the forward cases: not with --decode")
+        parser.error("--gate/--state-layout/--state-dtypes/--strided/--entry vary the forward cases: not with --decode")
     if not args.decode and decode_flags:
         parser.error(f"--{decode_flags[0].replace('_', '-')} narrows the decode sweep: give --decode too")
     if args.decode:
@@ -221,7 +226,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.layer and args.T is not None and args.T <= 64:
         parser.error("--layer needs --T > 64 (fla runs its fused_recurrent path for T <= 64)")
     if variant and (args.layer or args.from_json is not None):
-        parser.error("--gate/--state-layout/--state-dtypes/--strided vary the forward cases: not with --layer or --from-json")
+        parser.error("--gate/--state-layout/--state-dtypes/--strided/--entry vary the forward cases: "
+                     "not with --layer or --from-json")
     if args.state_dtypes is not None and args.state != cases_mod.DEFAULT_STATE:
         parser.error("give either --state or --state-dtypes")
     state, state_out = args.state_dtypes if args.state_dtypes is not None else (args.state, None)
@@ -235,15 +241,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             base = cases_mod.standard_suite(state)
     except ValueError as e:
         parser.error(str(e))
+    cases = [dataclasses.replace(c, gate=gate, state_layout=args.state_layout,
+                                 state_out=state_out if state_out != state else None, strided=args.strided)
+             for gate in args.gate for c in base]
+    if args.entry == "fwd" and not all(c.flashkda_configuration for c in cases):
+        parser.error("--entry fwd takes FlashKDA's configuration only (safe gate, v-first, one state dtype, "
+                     "contiguous inputs): the other variants run through flash_kda.chunk_kda")
     out_dtype = state_out or state
     if out_dtype == "bf16" and (args.gate != ["safe"] or args.state_layout != "v_first" or args.strided
-                                or (state_out is not None and state_out != state)):
-        parser.error("a bf16 final state is FlashKDA's configuration only (the other variants run "
-                     "flash_kda.chunk_kda, whose final state is fp32 as fla's): use --state fp32 or "
-                     "--state-dtypes bf16,fp32")
-    args.cases = [dataclasses.replace(c, gate=gate, state_layout=args.state_layout,
-                                      state_out=state_out if state_out != state else None, strided=args.strided)
-                  for gate in args.gate for c in base]
+                                or (state_out is not None and state_out != state) or args.entry == "chunk_kda"):
+        parser.error("a bf16 final state is FlashKDA's configuration through fwd only (the other variants and "
+                     "--entry chunk_kda run flash_kda.chunk_kda, whose final state is fp32 as fla's): use "
+                     "--state fp32 or --state-dtypes bf16,fp32")
+    args.cases = [dataclasses.replace(c, entry=args.entry or ("fwd" if c.flashkda_configuration else "chunk_kda"))
+                  for c in cases]
     return args
 
 

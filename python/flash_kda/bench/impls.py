@@ -1,7 +1,8 @@
 """The two timed implementations as zero-argument callables on one case's inputs.
 
-flash_kda: for FlashKDA's configuration (Case.plain) `flash_kda.fwd` writing preallocated out /
-final_state (no allocation per call, so the call is capturable); for every other variant
+flash_kda: for FlashKDA's configuration through fwd (Case.plain) `flash_kda.fwd` writing
+preallocated out / final_state (no allocation per call, so the call is capturable); for every
+other variant, and for FlashKDA's configuration with --entry chunk_kda (Case.entry),
 `flash_kda.chunk_kda`, with the same keyword arguments as fla's. fla: `fla.ops.kda.chunk_kda`
 with the case's configuration (chunk_kda_kwargs: the gate, the state layout, the three
 *_in_kernel flags as the gate needs them) forced onto its Triton path with FLA_FLASH_KDA=0, the
@@ -97,13 +98,13 @@ def flash_kda_fn(x: Inputs, num_sms: int | None = None) -> tuple[Callable[[], No
     FlashKDA's configuration (x.case.plain, or no case) calls flash_kda.fwd writing out and
     final_state in place; they start as NaN (not torch.empty_like), so that an element the
     first, checked call fails to write cannot pass the check on stale memory that happens to
-    hold a previous case's result. Other variants call flash_kda.chunk_kda with fla's keyword
-    arguments (chunk_kda_kwargs), which allocates its outputs as fla's does (an fp32 final
-    state).
+    hold a previous case's result. Other variants, and x.case.entry "chunk_kda", call
+    flash_kda.chunk_kda with fla's keyword arguments (chunk_kda_kwargs), which allocates its
+    outputs as fla's does (an fp32 final state).
 
     Raises:
-        ValueError: a variant chunk_kda cannot express (a bf16 final state with another gate,
-            layout or strided inputs).
+        ValueError: a case chunk_kda cannot express (a bf16 final state with another gate,
+            layout, strided inputs or the chunk_kda entry).
     """
     import torch
     import flash_kda
@@ -120,7 +121,7 @@ def flash_kda_fn(x: Inputs, num_sms: int | None = None) -> tuple[Callable[[], No
         return call, lambda: (out, final)
     if x.case.final_state_dtype not in ("fp32", "none"):
         raise ValueError(f"{x.case.name}: chunk_kda returns an fp32 final state (as fla's); "
-                         f"a {x.case.final_state_dtype} final state needs FlashKDA's configuration")
+                         f"a {x.case.final_state_dtype} final state needs FlashKDA's configuration through fwd")
     kw = chunk_kda_kwargs(x)
     latest: list = [None, None]
 

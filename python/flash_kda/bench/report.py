@@ -53,31 +53,45 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def variant_of(c: dict) -> tuple:
-    """(gate, state_layout, (initial dtype, final dtype) or None when they agree, strided) of
-    a case dict: what separates the report's sections (one state dtype for both states is
-    not a variant: the table's cases may differ in it); records from before the variants
-    existed read as FlashKDA's configuration."""
-    state = c.get("state", "fp32")
-    out = state if state == "none" or c.get("state_out") is None else c["state_out"]
-    return (c.get("gate", "safe"), c.get("state_layout", "v_first"), (state, out) if out != state else None,
-            bool(c.get("strided", False)))
-
-
-def is_plain(variant: tuple) -> bool:
-    """FlashKDA's configuration: safe gate, v-first, one state dtype, contiguous inputs."""
-    gate, layout, dtypes, strided = variant
+def _flashkda_configuration(gate: str, layout: str, dtypes: tuple | None, strided: bool) -> bool:
+    """Safe gate, v-first, one state dtype, contiguous inputs, whichever entry point runs it."""
     return gate == "safe" and layout == "v_first" and dtypes is None and not strided
 
 
+def variant_of(c: dict) -> tuple:
+    """(gate, state_layout, (initial dtype, final dtype) or None when they agree, strided,
+    entry) of a case dict: what separates the report's sections (one state dtype for both
+    states is not a variant: the table's cases may differ in it). The entry is "chunk_kda" for
+    every variant but FlashKDA's configuration, the only one whose entry point is a choice;
+    records without the variant fields read as FlashKDA's configuration, and without an entry
+    as through fwd, the entry that configuration takes by default."""
+    state = c.get("state", "fp32")
+    out = state if state == "none" or c.get("state_out") is None else c["state_out"]
+    gate, layout, dtypes = c.get("gate", "safe"), c.get("state_layout", "v_first"), (state, out) if out != state else None
+    strided = bool(c.get("strided", False))
+    entry = c.get("entry", "fwd") if _flashkda_configuration(gate, layout, dtypes, strided) else "chunk_kda"
+    return (gate, layout, dtypes, strided, entry)
+
+
+def is_plain(variant: tuple) -> bool:
+    """FlashKDA's configuration through fwd: safe gate, v-first, one state dtype, contiguous
+    inputs, flash_kda.fwd (the call of the anchors and of the README's table)."""
+    *configuration, entry = variant
+    return _flashkda_configuration(*configuration) and entry == "fwd"
+
+
 def variant_label(variant: tuple) -> str:
-    """The variant in words ("softplus gate, k-first states, bf16 -> fp32 states")."""
-    gate, layout, dtypes, strided = variant
+    """The variant in words ("softplus gate, k-first states, bf16 -> fp32 states"; "safe gate,
+    v-first states, through chunk_kda"). The entry point is named only for FlashKDA's
+    configuration: every other variant runs through chunk_kda."""
+    gate, layout, dtypes, strided, entry = variant
     parts = [f"{gate} gate", layout.replace("_", "-") + " states"]
     if dtypes is not None:
         parts.append(f"{dtypes[0]} -> {dtypes[1]} states")
     if strided:
         parts.append("strided q/k/v (views of a fused projection)")
+    if entry != "fwd" and _flashkda_configuration(gate, layout, dtypes, strided):
+        parts.append(f"through {entry}")
     return ", ".join(parts)
 
 
@@ -101,7 +115,9 @@ def variant_cost_lines(results: dict) -> list[str]:
     at most 1.2x the safe gate" and "strided within 3% of contiguous" read off these): eager,
     and, where both were graph-timed, graph. The two differ in what they include: a variant runs
     through chunk_kda, whose host time (fla's keyword rules, its outputs allocated per call) adds
-    to an eager call's but not to a graph replay's, so the graph ratio is the kernels' alone."""
+    to an eager call's but not to a graph replay's, so the graph ratio is the kernels' alone.
+    FlashKDA's configuration through chunk_kda (--entry chunk_kda) is such a variant too: its
+    line is chunk_kda's cost over fwd's on the same kernels."""
     groups = variant_groups(results)
     base = [r for bv, b in groups if is_plain(bv) for r in b["cases"]]
     key = lambda r: (r["case"]["name"], r["case"].get("state"))
