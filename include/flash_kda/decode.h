@@ -70,10 +70,11 @@ enum class DecodeKernel : int {
   Auto = 0,        ///< the launch plan's choice (src/sm90/decode/plan.h says which and why)
   Persistent = 1,  ///< a persistent grid whose blocks stage the next items' state slices in shared memory
   Direct = 2,      ///< one block per state slice, the slice loaded straight into registers
-  /// The direct kernel with k-first pools in its warp-column form (each warp owns value columns
-  /// of all 128 keys) instead of the row-block form Direct takes for them (a block's warps split
-  /// the keys of whole 128-byte lines of its value columns); the same as Direct for v-first
-  /// pools. Kept for the A/B of the two forms.
+  /// The direct kernel with every k-first pool in its warp-column form (each warp owns value
+  /// columns of all 128 keys), also for the fp32 and one-token bf16 pools that Direct runs in
+  /// row blocks (a block's warps split the keys of whole 128-byte lines of its value columns);
+  /// the same as Direct for v-first pools and for the other k-first ones. Kept for the A/B of
+  /// the two forms.
   DirectColumns = 3,
 };
 

@@ -52,9 +52,10 @@ class DecodeLaunchOptions:
     Attributes:
         kernel: "auto" (the plan's choice), "persistent" (a persistent grid staging the state
             slices in shared memory), "direct" (one block per state slice, held in registers;
-            k-first pools in row blocks whose warps split the keys) or "direct_columns" (the
-            direct kernel with k-first pools in its warp-column form, each warp all keys of
-            a few value columns; v-first as "direct"); the benchmark's ``--decode-kernel`` and
+            k-first fp32 pools and one-token bf16 pools in row blocks whose warps split the
+            keys) or "direct_columns" (the direct kernel with every k-first pool in its
+            warp-column form, each warp all keys of a few value columns; otherwise as
+            "direct"); the benchmark's ``--decode-kernel`` and
             the tests force each.
 
     Raises:

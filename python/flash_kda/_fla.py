@@ -86,9 +86,12 @@ def _reject(reason: str) -> tuple[bool, str]:
 #: bf16 pools with more than one token where N * HV is 64, 96 or 128 (0.73-0.92x; 1.05x at 64
 #: heads with T = 4), the warp-column form's narrow tiles, between its one-warp blocks (32
 #: heads and fewer: 1.11-1.86x) and its wide tiles (from the 132 heads of the H200's SMs:
-#: 1.12-1.33x); and one tie (1 x 96 heads, v-first bf16, T = 1: 4.1 us each).
-FASTER_THAN_FLA = ("every call but k-first bf16 pools with more than one token a sequence and 33 to 131 "
-                   "sequence-heads (N * HV)")
+#: 1.09-1.34x); and one tie (1 x 96 heads, v-first bf16, T = 1: 4.1 us each). A varlen call
+#: counts as more than one token (it runs that form). The window follows the plan's thresholds
+#: on the H200's 132 SMs (2-warp blocks from 33 sequence-heads, wide tiles from 132); on a part
+#: with fewer SMs it moves with them, which this H200-measured rule does not follow.
+FASTER_THAN_FLA = ("every call but k-first bf16 pools with more than one token a sequence (or varlen) and "
+                   "33 to 131 sequence-heads (N * HV)")
 #: N * HV of the k-first bf16 multi-token calls that fla's Triton decode serves faster.
 _KFIRST_BF16_SLOWER_HEADS = range(33, 132)
 

@@ -6,8 +6,8 @@
 // Why this shape. In a k-first state a key row is 128 contiguous value elements. direct_warp.cu
 // gives a warp 8 (16) value columns of all 128 keys, so one warp load instruction reads 16 (32)
 // pieces of 32 (16) bytes of rows 512 (256) bytes apart: four times the L2 line requests of the
-// same bytes in the v-first form, and k-first sat at 1.4-2.1x of the HBM floor where v-first
-// sits at 1.04-1.2x (H200). Here 8 lanes cover C columns of one key row with 16-byte vectors,
+// same bytes in the v-first form: that form holds k-first pools at 1.4-2.1x of the HBM floor
+// where v-first sits at 1.04-1.2x (H200). Here 8 lanes cover C columns of one key row with 16-byte vectors,
 // 128 contiguous bytes (fp32: C = 32, bf16: C = 64): each warp load instruction reads four whole
 // 128-byte lines of four key rows. The price is that the sums over the keys (S^T k and S^T q of
 // a column) span the block's warps: one exchange through shared memory a token.

@@ -24,10 +24,10 @@
 // (1024 x 32 T = 1: fp32 1094 against 1402 us, bf16 575 against 966 us; 1.04x at 1 x 8 heads,
 // T = 2, bf16: 4.5 against 4.4 us), and the persistent kernel is slower at each of the 12
 // k-first points measured (T = 1, N = 1 to 1024, 32 and 96 heads; 1.9-4.1x). It stays
-// available by DecodeLaunchOptions::kernel, for comparison. A k-first pool takes the row-block
-// form (it reads whole L2 lines; the warp-column form's line requests are what held k-first
-// pools far from the floor); DecodeKernel::DirectColumns keeps the warp-column form reachable
-// for the A/B.
+// available by DecodeLaunchOptions::kernel, for comparison. A k-first fp32 pool or one-token
+// bf16 pool takes the row-block form (it reads whole L2 lines; the warp-column form's line
+// requests hold those pools far from the floor); a bf16 pool with more tokens the warp columns
+// (kfirst_rows_serves); DecodeKernel::DirectColumns forces the warp columns for the A/B.
 #pragma once
 
 #include <cstdint>
