@@ -61,10 +61,12 @@
 #include "sm90/common/ptx.cuh"
 #include "sm90/decode/direct.h"
 #include "sm90/decode/fragment.cuh"
+#include "sm90/decode/gate_dispatch.h"
 #include "sm90/decode/launch.h"
 #include "sm90/decode/params.h"
 #include "sm90/decode/plan.h"
 #include "sm90/decode/staging.cuh"
+#include "sm90/decode/token.cuh"
 
 namespace flash_kda::sm90 {
 namespace {
@@ -195,10 +197,7 @@ __global__ void __launch_bounds__(128, decode_min_blocks(L)) decode_kernel(const
                     bat * p.v.batch + row * p.v.token + it.hv * p.v.head + it.col0 + 4 * lane, p.v.f32);
     }
     if (tid < cnt) {
-      float bv = bits_value(r.beta_bits, p.beta.f32);
-      const ptx::FastMath fm;
-      if (p.beta_sigmoid) bv = math::beta_sigmoid_log2(bv, fm) * (p.neg_eigval ? 2.f : 1.f);
-      st.b[tid] = bv;
+      st.b[tid] = beta_value(r.beta_bits, p, ptx::FastMath{});
       st.slot[tid] = r.ws < p.pool_slots ? r.ws : -1;
     }
   };
@@ -292,10 +291,7 @@ __global__ void __launch_bounds__(128, decode_min_blocks(L)) decode_kernel(const
         *reinterpret_cast<float4*>(st.v + tt * vcols + 4 * lane) =
             load4(p.v.data, bat * p.v.batch + row * p.v.token + it.hv * p.v.head + it.col0 + 4 * lane, p.v.f32);
       if (lane == 0) {
-        float bv = bits_value(load_bits(p.beta, bat * p.beta.batch + row * p.beta.token + it.hv * p.beta.head),
-                              p.beta.f32);
-        if (p.beta_sigmoid) bv = math::beta_sigmoid_log2(bv, fm) * (p.neg_eigval ? 2.f : 1.f);
-        st.b[tt] = bv;
+        st.b[tt] = beta_value(load_bits(p.beta, bat * p.beta.batch + row * p.beta.token + it.hv * p.beta.head), p, fm);
         int64_t ws = -1;
         if (p.index_kind == IndexKind::PerToken) {
           ws = load_index(p.indices, it.n * p.idx_seq_stride + (g0 + tt) * p.idx_tok_stride, p.indices_64);
@@ -474,11 +470,7 @@ __global__ void __launch_bounds__(128, decode_min_blocks(L)) decode_kernel(const
 
 template <StateLayout L, typename PoolT>
 cudaError_t launch_gate(GateMode gate, const KernelLaunch& k, uint64_t ctx, const DecodeParams& p, cudaStream_t stream) {
-  switch (gate) {
-    case GateMode::SafeSigmoid: return launch_planned<decode_kernel<L, PoolT, GateMode::SafeSigmoid>>(k, ctx, p, stream);
-    case GateMode::Softplus: return launch_planned<decode_kernel<L, PoolT, GateMode::Softplus>>(k, ctx, p, stream);
-    default: return launch_planned<decode_kernel<L, PoolT, GateMode::PreGated>>(k, ctx, p, stream);
-  }
+  return with_gate(gate, [&](auto g) { return launch_planned<decode_kernel<L, PoolT, decltype(g)::value>>(k, ctx, p, stream); });
 }
 
 }  // namespace

@@ -40,6 +40,7 @@
 #include "sm90/common/ptx.cuh"
 #include "sm90/decode/direct.h"
 #include "sm90/decode/fragment.cuh"
+#include "sm90/decode/gate_dispatch.h"
 #include "sm90/decode/params.h"
 #include "sm90/decode/plan.h"
 #include "sm90/decode/staging.cuh"
@@ -409,14 +410,9 @@ __global__ void __launch_bounds__(128, kDirectMinBlocks)
 
 template <StateLayout L, typename PoolT, bool kOneToken, int kTile>
 cudaError_t launch_gate(GateMode gate, const KernelLaunch& k, uint64_t ctx, const DecodeParams& p, cudaStream_t stream) {
-  switch (gate) {
-    case GateMode::SafeSigmoid:
-      return launch_planned<direct_warp_kernel<L, PoolT, GateMode::SafeSigmoid, kOneToken, kTile>>(k, ctx, p, stream);
-    case GateMode::Softplus:
-      return launch_planned<direct_warp_kernel<L, PoolT, GateMode::Softplus, kOneToken, kTile>>(k, ctx, p, stream);
-    default:
-      return launch_planned<direct_warp_kernel<L, PoolT, GateMode::PreGated, kOneToken, kTile>>(k, ctx, p, stream);
-  }
+  return with_gate(gate, [&](auto g) {
+    return launch_planned<direct_warp_kernel<L, PoolT, decltype(g)::value, kOneToken, kTile>>(k, ctx, p, stream);
+  });
 }
 
 template <StateLayout L, typename PoolT, int kTile>

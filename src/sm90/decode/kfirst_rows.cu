@@ -49,6 +49,7 @@
 #include "sm90/common/ptx.cuh"
 #include "sm90/decode/direct.h"
 #include "sm90/decode/fragment.cuh"
+#include "sm90/decode/gate_dispatch.h"
 #include "sm90/decode/params.h"
 #include "sm90/decode/plan.h"
 #include "sm90/decode/staging.cuh"
@@ -324,14 +325,9 @@ __global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
 template <typename PoolT, bool kOneToken, int KW>
 cudaError_t rows_launch_gate(GateMode gate, const KernelLaunch& k, uint64_t ctx, const DecodeParams& p,
                              cudaStream_t stream) {
-  switch (gate) {
-    case GateMode::SafeSigmoid:
-      return launch_planned<kfirst_rows_kernel<PoolT, GateMode::SafeSigmoid, kOneToken, KW>>(k, ctx, p, stream);
-    case GateMode::Softplus:
-      return launch_planned<kfirst_rows_kernel<PoolT, GateMode::Softplus, kOneToken, KW>>(k, ctx, p, stream);
-    default:
-      return launch_planned<kfirst_rows_kernel<PoolT, GateMode::PreGated, kOneToken, KW>>(k, ctx, p, stream);
-  }
+  return with_gate(gate, [&](auto g) {
+    return launch_planned<kfirst_rows_kernel<PoolT, decltype(g)::value, kOneToken, KW>>(k, ctx, p, stream);
+  });
 }
 
 }  // namespace
