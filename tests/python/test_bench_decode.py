@@ -286,3 +286,21 @@ def test_decode_kernel_table():
     assert first["flash_kda_persistent graph us"] == "8.0" and first["flash_kda_direct graph us"] == "4.0"
     assert first["fla / flash_kda_direct"] == "3.00x" and first["fla / flash_kda_persistent"] == "1.50x"
     assert "decode kernels (CUDA graph):" in report.format_decode_table(r)
+
+
+def test_forward_write_record_keeps_the_decode_table(tmp_path, monkeypatch):
+    decode_record = report.merge_decode(fake_results(), fake_decode())
+    (tmp_path / cli.RECORD_JSON).write_text(json.dumps(decode_record))
+    monkeypatch.setattr(cli, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(report, "update_readme", lambda path, results: False)
+    fresh = fake_results()
+    fresh["meta"] = {**fresh["meta"], "date": "a later run"}
+    args = cli.parse_args(["--write-record", "--no-plot", "--out-dir", str(tmp_path / "out")])
+    main.write_outputs(fresh, args)
+    record = json.loads((tmp_path / cli.RECORD_JSON).read_text())
+    assert record["meta"]["date"] == "a later run"
+    assert [p["case"]["name"] for p in record["decode"]] == ["n1_h32_t1_fp32", "n1024_h96_t1_fp32"]
+    assert record["decode_run"]["copy_bandwidth"] == 4e12
+    assert "## Decode" in (tmp_path / cli.RECORD_NAME).read_text()
+    # the run's own results.json has no decode points: only the record keeps them
+    assert not json.loads((tmp_path / "out" / "results.json").read_text()).get("decode")

@@ -138,6 +138,7 @@ def write_outputs(results: dict, args) -> None:
         write_decode_record(results, cli.repo_root(), written)
     elif args.write_record:
         root = cli.repo_root()
+        results = keep_record_decode(results, root / cli.RECORD_JSON)
         record_chart = chart_at(root / cli.RECORD_CHART)
         report.write_markdown(results, root / cli.RECORD_NAME, cli.RECORD_CHART if record_chart else None)
         report.write_json(results, root / cli.RECORD_JSON)
@@ -145,6 +146,24 @@ def write_outputs(results: dict, args) -> None:
         if report.update_readme(root / "README.md", results):
             written.append(root / "README.md")
     print("[flash_kda.bench] wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+
+
+def keep_record_decode(results: dict, path) -> dict:
+    """A forward run's results with the decode table of the record at `path` (its `decode`
+    list and `decode_run`), so that a forward --write-record replaces the forward sections
+    and keeps the decode one. A missing or unreadable record, or a run that has its own
+    decode points, gives the results unchanged."""
+    import json
+
+    if results.get("decode"):
+        return results
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return results
+    if not isinstance(record, dict) or not record.get("decode"):
+        return results
+    return report.merge_decode(results, {"decode": record["decode"], **record.get("decode_run", {})})
 
 
 def write_decode_record(results: dict, root, written: list) -> None:
