@@ -76,11 +76,13 @@ DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, in
                             DecodeKernel kernel) {
   const int64_t sms = std::max(1, device.num_sms);
   // The auto rule (plan.h): the direct kernel, k-first pools in row blocks where those serve
-  // them (kfirst_rows_serves) unless DirectColumns asks for the warp-column form.
+  // them (kfirst_rows_serves) unless DirectColumns asks for the warp-column form; DirectRows
+  // puts every k-first pool in row blocks.
   if (kernel != DecodeKernel::Persistent) {
     const bool one_token = !p.varlen && p.seqlen == 1;
-    if (layout == StateLayout::KFirst && kernel != DecodeKernel::DirectColumns && kfirst_rows_serves(state_bytes, one_token))
-      return kfirst_rows_plan(p, state_bytes);
+    const bool rows = kernel == DecodeKernel::DirectRows ||
+                      (kernel != DecodeKernel::DirectColumns && kfirst_rows_serves(state_bytes, one_token));
+    if (layout == StateLayout::KFirst && rows) return kfirst_rows_plan(p, state_bytes);
     return direct_plan(p, sms, state_bytes);
   }
   DecodePlan plan;
