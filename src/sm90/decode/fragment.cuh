@@ -70,17 +70,15 @@ struct SplitState {
 #pragma unroll
     for (int j = 0; j < E / 4; ++j) word(c, j) = make_float4(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
   }
-  /// The loaded pool vectors `raw` in fp32, each where it is kept.
+  /// The loaded pool vectors `raw` in fp32, each where it is kept: the registers' first.
   __device__ void unpack(const uint4 (&raw)[NR], Regs& f) const {
 #pragma unroll
-    for (int c = 0; c < NR; ++c) {
-      if (c < NF) {
-        unpack_vec<PoolT>(raw[c], f[c < NF ? c : 0]);
-      } else {
-        float x[E];
-        unpack_vec<PoolT>(raw[c], x);
-        store(c, x);
-      }
+    for (int c = 0; c < NF; ++c) unpack_vec<PoolT>(raw[c], f[c]);
+#pragma unroll
+    for (int c = NF; c < NR; ++c) {
+      float x[E];
+      unpack_vec<PoolT>(raw[c], x);
+      store(c, x);
     }
   }
   /// Vector c of the state as a pool vector (bf16: rounded).
