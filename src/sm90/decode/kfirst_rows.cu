@@ -363,8 +363,10 @@ cudaError_t launch_kfirst_rows(bool bf16_pool, GateMode gate, const DecodePlan& 
   if (!bf16_pool)
     return plan.one_token ? rows_launch_gate<float, true, KW>(gate, k, ctx, p, stream)
                           : rows_launch_gate<float, false, KW>(gate, k, ctx, p, stream);
-  return plan.one_token ? rows_launch_gate<__nv_bfloat16, true, KW>(gate, k, ctx, p, stream)
-                        : rows_launch_gate<__nv_bfloat16, false, KW>(gate, k, ctx, p, stream);
+  if (plan.one_token) return rows_launch_gate<__nv_bfloat16, true, KW>(gate, k, ctx, p, stream);
+  // The split form's words past the exchange buffers: a plan without them is none of its own.
+  if (k.smem_bytes < kfirst_rows_smem_bytes(KW, kfirst_rows_cols(2), true)) return cudaErrorInvalidConfiguration;
+  return rows_launch_gate<__nv_bfloat16, false, KW>(gate, k, ctx, p, stream);
 }
 
 }  // namespace flash_kda::sm90
