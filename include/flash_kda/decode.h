@@ -76,6 +76,11 @@ enum class DecodeKernel : int {
   /// the same as Direct for v-first pools and for the other k-first ones. Kept for the A/B of
   /// the two forms.
   DirectColumns = 3,
+  /// The direct kernel with every k-first pool in row blocks, also the bf16 pools with more than
+  /// one token a sequence that Direct runs in warp columns (those in the row blocks' split form:
+  /// half of each lane's fp32 state in shared memory); the same as Direct for v-first pools and
+  /// for the other k-first ones. Kept for the A/B of the split form against the warp columns.
+  DirectRows = 4,
 };
 
 /// Launch choices a caller may fix instead of leaving them to the launch plan; none changes the
@@ -83,7 +88,7 @@ enum class DecodeKernel : int {
 /// A/B (`--decode-kernel`) and the tests use it to run each kernel. A value outside the enum
 /// raises flash_kda::Error naming "launch_options.kernel" before any kernel runs.
 /// From Python: flash_kda.DecodeLaunchOptions(kernel="auto" | "persistent" | "direct" |
-/// "direct_columns").
+/// "direct_columns" | "direct_rows").
 struct DecodeLaunchOptions {
   DecodeKernel kernel = DecodeKernel::Auto;
 };

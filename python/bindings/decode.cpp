@@ -151,6 +151,7 @@ void bind_decode(nb::module_& m) {
     kernels["persistent"] = static_cast<int>(DecodeKernel::Persistent);
     kernels["direct"] = static_cast<int>(DecodeKernel::Direct);
     kernels["direct_columns"] = static_cast<int>(DecodeKernel::DirectColumns);
+    kernels["direct_rows"] = static_cast<int>(DecodeKernel::DirectRows);
     m.attr("decode_kernels") = kernels;
   }
   const char* settings_doc =

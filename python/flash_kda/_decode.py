@@ -53,10 +53,12 @@ class DecodeLaunchOptions:
         kernel: "auto" (the plan's choice), "persistent" (a persistent grid staging the state
             slices in shared memory), "direct" (one block per state slice, held in registers;
             k-first fp32 pools and one-token bf16 pools in row blocks whose warps split the
-            keys) or "direct_columns" (the direct kernel with every k-first pool in its
+            keys), "direct_columns" (the direct kernel with every k-first pool in its
             warp-column form, each warp all keys of a few value columns; otherwise as
-            "direct"); the benchmark's ``--decode-kernel`` and
-            the tests force each.
+            "direct") or "direct_rows" (the direct kernel with every k-first pool in row
+            blocks, bf16 pools of more than one token in their split form, half of a lane's
+            fp32 state in shared memory; otherwise as "direct"); the benchmark's
+            ``--decode-kernel`` and the tests force each.
 
     Raises:
         flash_kda.Error: kernel is not one of those names (named ``launch_options.kernel``).

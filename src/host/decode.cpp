@@ -325,9 +325,9 @@ ProblemShape validate_decode(const DecodeArgs& args, Target target) {
 
 void validate_decode_options(const DecodeLaunchOptions& options) {
   const int k = static_cast<int>(options.kernel);
-  if (k < static_cast<int>(DecodeKernel::Auto) || k > static_cast<int>(DecodeKernel::DirectColumns))
-    throw Error("launch_options.kernel",
-                "expected DecodeKernel::Auto (0), Persistent (1), Direct (2) or DirectColumns (3), got " + std::to_string(k));
+  if (k < static_cast<int>(DecodeKernel::Auto) || k > static_cast<int>(DecodeKernel::DirectRows))
+    throw Error("launch_options.kernel", "expected DecodeKernel::Auto (0), Persistent (1), Direct (2), DirectColumns (3) or "
+                                         "DirectRows (4), got " + std::to_string(k));
 }
 
 void decode(const DecodeArgs& args, Stream stream, const DecodeLaunchOptions& options) {

@@ -34,6 +34,14 @@ struct DecodeCase {
 };
 inline void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
 
+/// Whether DecodeKernel::DirectRows runs case c other than Direct does: a k-first bf16 pool (or
+/// state) with more than one token a sequence, which DirectRows gives the row blocks' split
+/// form and Direct the warp columns.
+inline bool rows_split_case(const DecodeCase& c) {
+  const KdaConfig& b = c.config.base;
+  return b.state_layout == StateLayout::KFirst && b.state_dtype == DType::BF16 && !(b.seqlens.empty() && b.seqlen == 1);
+}
+
 /// Relative Frobenius error allowed for an output of dtype t.
 inline double decode_bound(DType t) { return t == DType::BF16 ? 1e-2 : 1e-4; }
 
@@ -348,6 +356,20 @@ inline std::vector<DecodeCase> decode_cases() {
   kz.name = "fixed_zero_start_no_final_beta_raw_kfirst";
   kz.config.base.state_layout = StateLayout::KFirst;
   cases.push_back(kz);
+  // k-first bf16 pools of more than one token (the warp columns, and the row blocks' split form
+  // under DirectRows) with what the cases above leave out: T = 3 with [N] slots and fp32
+  // activations, T = 3 with [N, T] slots and the L2 norm; varlen bf16 states without a pool
+  // (a zero-length sequence, one of 21 tokens).
+  cases.push_back(make_decode_case("kfirst_bf16pool_f32io_T3_per_seq", GateMode::PreGated, StateLayout::KFirst, 3, false,
+                                   DType::BF16, DType::F32, 5));
+  cases.push_back(make_decode_case("kfirst_bf16pool_T3_per_token", GateMode::SafeSigmoid, StateLayout::KFirst, 3, true,
+                                   DType::BF16, DType::BF16, 5));
+  DecodeCase vsb = np;
+  vsb.name = "varlen_states_kfirst_bf16state";
+  vsb.config.base.seqlens = {2, 0, 21, 3};
+  vsb.config.base.state_dtype = DType::BF16;
+  vsb.config.base.gate = GateMode::Softplus;
+  cases.push_back(vsb);
   DecodeCase kzb = kz;
   kzb.name = "fixed_zero_start_kfirst_bf16state_T1";
   kzb.config.base.seqlen = 1;

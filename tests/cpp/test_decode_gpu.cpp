@@ -77,19 +77,25 @@ TEST_P(DecodeGpu, MatchesReference) {
 }
 
 std::vector<DecodeCase> gpu_cases() {
-  // Every case on both kernels; k-first cases on the direct kernel's warp-column form as well.
+  // Every case on both kernels; k-first cases on the direct kernel's warp-column form as well,
+  // and the k-first bf16-pool cases of more than one token in the row blocks' split form
+  // (DirectRows; Direct runs them in warp columns).
   std::vector<DecodeCase> both;
-  for (const DecodeCase& c : flash_kda::testing::decode_cases())
+  for (const DecodeCase& c : flash_kda::testing::decode_cases()) {
+    const bool kfirst = c.config.base.state_layout == StateLayout::KFirst;
     for (flash_kda::DecodeKernel k : {flash_kda::DecodeKernel::Persistent, flash_kda::DecodeKernel::Direct,
-                                      flash_kda::DecodeKernel::DirectColumns}) {
-      if (k == flash_kda::DecodeKernel::DirectColumns && c.config.base.state_layout != StateLayout::KFirst) continue;
+                                      flash_kda::DecodeKernel::DirectColumns, flash_kda::DecodeKernel::DirectRows}) {
+      if (k == flash_kda::DecodeKernel::DirectColumns && !kfirst) continue;
+      if (k == flash_kda::DecodeKernel::DirectRows && !flash_kda::testing::rows_split_case(c)) continue;
       DecodeCase x = c;
       x.kernel = k;
-      x.name += k == flash_kda::DecodeKernel::Persistent ? "_persistent"
-                : k == flash_kda::DecodeKernel::Direct   ? "_direct"
-                                                         : "_direct_columns";
+      x.name += k == flash_kda::DecodeKernel::Persistent      ? "_persistent"
+                : k == flash_kda::DecodeKernel::Direct        ? "_direct"
+                : k == flash_kda::DecodeKernel::DirectColumns ? "_direct_columns"
+                                                              : "_direct_rows";
       both.push_back(x);
     }
+  }
   return both;
 }
 

@@ -51,6 +51,7 @@ TEST(DecodePlan, OnlyTheDirectKernelIsAProgrammaticDependent) {
         EXPECT_TRUE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::Direct).launch.dependent);
         EXPECT_TRUE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::Auto).launch.dependent);
         EXPECT_TRUE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::DirectColumns).launch.dependent);
+        EXPECT_TRUE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::DirectRows).launch.dependent);
         EXPECT_FALSE(make_decode_plan(s, h200(), bytes, layout, DecodeKernel::Persistent).launch.dependent);
       }
 }
@@ -114,6 +115,7 @@ TEST(DecodePlan, AutoTakesTheDirectKernelAndForcedKernelsAreKept) {
       EXPECT_EQ(kernel(1024, 96, 300, true), DecodeKernel::Direct);  // varlen
       EXPECT_EQ(kernel(1024, 96, 1, false, DecodeKernel::Direct), DecodeKernel::Direct);
       EXPECT_EQ(kernel(1024, 96, 1, false, DecodeKernel::DirectColumns), DecodeKernel::Direct);  // a form of it
+      EXPECT_EQ(kernel(1024, 96, 2, false, DecodeKernel::DirectRows), DecodeKernel::Direct);     // another
       EXPECT_EQ(kernel(1, 32, 1, false, DecodeKernel::Persistent), DecodeKernel::Persistent);
       EXPECT_EQ(kernel(1024, 96, 1, false, DecodeKernel::Persistent), DecodeKernel::Persistent);
     }
@@ -233,20 +235,49 @@ TEST(DecodePlan, DirectKFirstTakesRowBlocks) {
       EXPECT_EQ(bf16.launch.smem_bytes, columns.launch.smem_bytes);
     }
   }
-  // The persistent kernel and v-first pools never take it; DirectColumns on v-first is Direct.
+  // DirectRows: every k-first pool in row blocks, a bf16 pool with more tokens in the split
+  // form (its exchange buffers and 128 bytes a lane of fp32 state: 16 KB more), the others as
+  // Direct plans them.
+  for (auto [t, varlen] : {std::pair<int64_t, bool>{2, false}, {3, false}, {16, false}, {1, true}, {0, false}}) {
+    const auto split = make_decode_plan(shape(1, 8, t, varlen), h200(), 2, StateLayout::KFirst, DecodeKernel::DirectRows);
+    EXPECT_EQ(split.kernel, DecodeKernel::Direct);
+    EXPECT_TRUE(split.kfirst_rows);
+    EXPECT_FALSE(split.one_token);
+    EXPECT_FALSE(split.wide);
+    EXPECT_EQ(split.warps, 4);
+    EXPECT_EQ(split.block_cols, 64);
+    EXPECT_EQ(split.slices, 2);
+    EXPECT_EQ(split.items, 8 * 2);
+    EXPECT_EQ(split.launch.block, 128u);
+    EXPECT_EQ(split.launch.smem_bytes, 2 * 4 * (64 * 8 + 16) + 128 * 128);
+    EXPECT_EQ(split.blocks_per_sm, 4);
+  }
+  for (int bytes : {2, 4})
+    for (int64_t t : {1, 2}) {
+      if (bytes == 2 && t == 2) continue;  // the split form above
+      const auto r = make_decode_plan(shape(64, 32, t, false), h200(), bytes, StateLayout::KFirst, DecodeKernel::DirectRows);
+      const auto d = make_decode_plan(shape(64, 32, t, false), h200(), bytes, StateLayout::KFirst, DecodeKernel::Direct);
+      EXPECT_TRUE(r.kfirst_rows);
+      EXPECT_EQ(r.block_cols, d.block_cols);
+      EXPECT_EQ(r.launch.smem_bytes, d.launch.smem_bytes);
+    }
+  // The persistent kernel and v-first pools never take it; DirectColumns and DirectRows on
+  // v-first are Direct.
   EXPECT_FALSE(make_decode_plan(shape(64, 32, 1, false), h200(), 4, StateLayout::KFirst, DecodeKernel::Persistent).kfirst_rows);
   EXPECT_FALSE(make_decode_plan(shape(64, 32, 1, false), h200(), 4, StateLayout::KFirst, DecodeKernel::DirectColumns).kfirst_rows);
-  for (int bytes : {2, 4}) {
-    const auto d = make_decode_plan(shape(9, 32, 2, false), h200(), bytes, StateLayout::VFirst, DecodeKernel::Direct);
-    const auto c = make_decode_plan(shape(9, 32, 2, false), h200(), bytes, StateLayout::VFirst, DecodeKernel::DirectColumns);
-    EXPECT_FALSE(d.kfirst_rows);
-    EXPECT_EQ(c.kernel, d.kernel);
-    EXPECT_EQ(c.warps, d.warps);
-    EXPECT_EQ(c.warp_tile, d.warp_tile);
-    EXPECT_EQ(c.wide, d.wide);
-    EXPECT_EQ(c.launch.grid_x, d.launch.grid_x);
-    EXPECT_EQ(c.launch.smem_bytes, d.launch.smem_bytes);
-  }
+  for (int bytes : {2, 4})
+    for (DecodeKernel kernel : {DecodeKernel::DirectColumns, DecodeKernel::DirectRows}) {
+      const auto d = make_decode_plan(shape(9, 32, 2, false), h200(), bytes, StateLayout::VFirst, DecodeKernel::Direct);
+      const auto c = make_decode_plan(shape(9, 32, 2, false), h200(), bytes, StateLayout::VFirst, kernel);
+      EXPECT_FALSE(d.kfirst_rows);
+      EXPECT_EQ(c.kernel, d.kernel);
+      EXPECT_EQ(c.kfirst_rows, d.kfirst_rows);
+      EXPECT_EQ(c.warps, d.warps);
+      EXPECT_EQ(c.warp_tile, d.warp_tile);
+      EXPECT_EQ(c.wide, d.wide);
+      EXPECT_EQ(c.launch.grid_x, d.launch.grid_x);
+      EXPECT_EQ(c.launch.smem_bytes, d.launch.smem_bytes);
+    }
 }
 
 TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
@@ -255,9 +286,10 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
   // columns once, and the rows (columns) a warp match direct_warp_tile; shared memory only in
   // the split form (wide, more than one token). The k-first row blocks: a form of
   // kKFirstRowsKeyWarps warps over kfirst_rows_cols columns, its exchange buffers in shared
-  // memory, for fp32 pools and one-token bf16 ones (bf16 with more tokens: the warp columns).
+  // memory, for fp32 pools and one-token bf16 ones (bf16 with more tokens: the warp columns, or
+  // under DirectRows the split form, its fp32 half of the state in shared memory too).
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
-    for (DecodeKernel kernel : {DecodeKernel::Direct, DecodeKernel::DirectColumns})
+    for (DecodeKernel kernel : {DecodeKernel::Direct, DecodeKernel::DirectColumns, DecodeKernel::DirectRows})
       for (int bytes : {2, 4})
         for (int64_t n : {1, 3, 9, 64, 1024})
           for (int64_t hv : {1, 8, 33, 96})
@@ -267,15 +299,16 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
                                               << " T " << t << (varlen ? " varlen" : ""));
               EXPECT_EQ(plan.kernel, DecodeKernel::Direct);
               EXPECT_EQ(plan.one_token, !varlen && t == 1);
-              const bool rows = layout == StateLayout::KFirst && kernel == DecodeKernel::Direct &&
-                                (bytes == 4 || plan.one_token);
+              const bool rows = layout == StateLayout::KFirst && kernel != DecodeKernel::DirectColumns &&
+                                (bytes == 4 || plan.one_token || kernel == DecodeKernel::DirectRows);
               EXPECT_EQ(plan.kfirst_rows, rows);
               if (rows) {
                 EXPECT_FALSE(plan.wide);
                 EXPECT_EQ(plan.warps, flash_kda::sm90::kKFirstRowsKeyWarps);
                 EXPECT_EQ(plan.block_cols, flash_kda::sm90::kfirst_rows_cols(bytes));
                 EXPECT_EQ(plan.warp_tile, plan.block_cols);
-                EXPECT_EQ(plan.launch.smem_bytes, flash_kda::sm90::kfirst_rows_smem_bytes(plan.warps, plan.block_cols));
+                EXPECT_EQ(plan.launch.smem_bytes,
+                          flash_kda::sm90::kfirst_rows_smem_bytes(plan.warps, plan.block_cols, bytes == 2 && !plan.one_token));
                 EXPECT_LE(plan.launch.smem_bytes, 48 * 1024);  // no attribute to set
                 EXPECT_EQ(plan.launch.smem_attr, 0);
                 EXPECT_EQ(plan.slices * plan.block_cols, 128);

@@ -268,12 +268,12 @@ TEST(DecodeValidate, LaunchOptionsKernel) {
   EXPECT_NO_THROW(flash_kda::validate_decode_options({}));
   for (flash_kda::DecodeKernel k :
        {flash_kda::DecodeKernel::Auto, flash_kda::DecodeKernel::Persistent, flash_kda::DecodeKernel::Direct,
-        flash_kda::DecodeKernel::DirectColumns}) {
+        flash_kda::DecodeKernel::DirectColumns, flash_kda::DecodeKernel::DirectRows}) {
     flash_kda::DecodeLaunchOptions o;
     o.kernel = k;
     EXPECT_NO_THROW(flash_kda::validate_decode_options(o));
   }
-  for (int bad : {-1, 4, 100}) {
+  for (int bad : {-1, 5, 100}) {
     flash_kda::DecodeLaunchOptions o;
     o.kernel = static_cast<flash_kda::DecodeKernel>(bad);
     try {

@@ -5,7 +5,8 @@
 // against flash_kda::reference_decode exactly as the GPU suite checks it. The plan picks the
 // form (k-first pools: row blocks); every k-first case runs the warp-column form
 // (DecodeKernel::DirectColumns) as well, on the H200 plan, whose block split or tile form a
-// case may name and must get. It catches what the model shares with the GPU:
+// case may name and must get, and every k-first bf16 case of more than one token the row
+// blocks' split form (DecodeKernel::DirectRows). It catches what the model shares with the GPU:
 // lane and row mapping, shuffle partners, reductions, indexing, bounds and pool semantics; not
 // timing or memory ordering (the GPU suite and compute-sanitizer cover those).
 #include "warp_emu.h"
@@ -35,11 +36,13 @@ using flash_kda::testing::DecodeCase;
 struct EmuCase {
   DecodeCase c;
   int num_sms = 132;
-  /// Direct (the plan's form) or DirectColumns (k-first's warp-column form).
+  /// Direct (the plan's form), DirectColumns (k-first's warp-column form) or DirectRows
+  /// (k-first's row blocks, bf16 pools of more tokens in the split form).
   DecodeKernel kernel = DecodeKernel::Direct;
 };
 std::string emu_name(const EmuCase& e) {
-  return e.c.name + "_sms" + std::to_string(e.num_sms) + (e.kernel == DecodeKernel::DirectColumns ? "_columns" : "");
+  const char* form = e.kernel == DecodeKernel::DirectColumns ? "_columns" : (e.kernel == DecodeKernel::DirectRows ? "_rows" : "");
+  return e.c.name + "_sms" + std::to_string(e.num_sms) + form;
 }
 void PrintTo(const EmuCase& e, std::ostream* os) { *os << emu_name(e); }
 
@@ -62,8 +65,10 @@ TEST_P(DecodeEmu, DirectMatchesReference) {
   const flash_kda::sm90::DecodePlan plan =
       flash_kda::sm90::make_decode_plan(ps, props, bf16_pool ? 2 : 4, a.state_layout, GetParam().kernel);
   ASSERT_EQ(plan.kernel, DecodeKernel::Direct);
-  ASSERT_EQ(plan.kfirst_rows, a.state_layout == flash_kda::StateLayout::KFirst && GetParam().kernel == DecodeKernel::Direct &&
-                                  flash_kda::sm90::kfirst_rows_serves(bf16_pool ? 2 : 4, plan.one_token));
+  ASSERT_EQ(plan.kfirst_rows, a.state_layout == flash_kda::StateLayout::KFirst &&
+                                  (GetParam().kernel == DecodeKernel::DirectRows ||
+                                   (GetParam().kernel == DecodeKernel::Direct &&
+                                    flash_kda::sm90::kfirst_rows_serves(bf16_pool ? 2 : 4, plan.one_token))));
   // The named block split and tile form are the warp-column form's.
   if (GetParam().num_sms == 132 && !plan.kfirst_rows) {
     if (GetParam().c.h200_warps > 0) ASSERT_EQ(plan.warps, GetParam().c.h200_warps) << "the case's block split";
@@ -89,6 +94,8 @@ std::vector<EmuCase> emu_cases() {
     if (c.config.base.state_layout == flash_kda::StateLayout::KFirst &&
         flash_kda::sm90::kfirst_rows_serves(c.config.base.state_dtype == DType::BF16 ? 2 : 4, one_token))
       cases.push_back({c, 132, DecodeKernel::DirectColumns});
+    // k-first bf16 cases of more tokens, once more in the row blocks' split form.
+    if (flash_kda::testing::rows_split_case(c)) cases.push_back({c, 132, DecodeKernel::DirectRows});
   }
   return cases;
 }

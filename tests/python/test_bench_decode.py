@@ -267,7 +267,10 @@ def test_decode_kernel_flag():
     assert a.decode_kernels == ["auto", "persistent", "direct"]
     assert cli.parse_args(["--decode", "--decode-kernel", "direct"]).decode_kernels == ["direct"]
     assert [decode.kernel_label(k) for k in decode.KERNELS] == ["flash_kda", "flash_kda_persistent",
-                                                                  "flash_kda_direct", "flash_kda_direct_columns"]
+                                                                  "flash_kda_direct", "flash_kda_direct_columns",
+                                                                  "flash_kda_direct_rows"]
+    assert cli.parse_args(["--decode", "--decode-kernel", "auto,direct_rows,direct_columns"]).decode_kernels == [
+        "auto", "direct_rows", "direct_columns"]
 
 
 def test_decode_kernel_table():

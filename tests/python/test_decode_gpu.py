@@ -475,7 +475,7 @@ def test_launch_options_force_each_kernel(cuda_sm90, decode_kernel):
         kw, valid = _problem(cuda_sm90, N=3, T=2, HV=4, v_first=v_first, padded=(1,), accepted=True)
         ref_out, ref_pool = _reference(kw)
         sel = torch.tensor(valid, device=cuda_sm90, dtype=torch.int64)
-        for kernel in ("auto", "persistent", "direct", "direct_columns"):
+        for kernel in ("auto", "persistent", "direct", "direct_columns", "direct_rows"):
             call = dict(kw, initial_state=kw["initial_state"].clone())
             with torch.inference_mode():
                 out, pool = flash_kda.fused_recurrent_kda_fwd(**call,

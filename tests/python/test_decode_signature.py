@@ -85,6 +85,7 @@ def test_launch_options_is_a_keyword_beside_flas_signature():
     assert e.value.argument == "launch_options.kernel"
     assert flash_kda.DecodeLaunchOptions().kernel == "auto"
     assert flash_kda.DecodeLaunchOptions("direct")._kernel == flash_kda._core.decode_kernels["direct"]
+    assert flash_kda.DecodeLaunchOptions("direct_rows")._kernel == flash_kda._core.decode_kernels["direct_rows"] == 4
     pytest.importorskip("torch")
     with pytest.raises(flash_kda.Error) as e:
         flash_kda.fused_recurrent_kda_fwd(None, None, None, None, None, launch_options="direct")

@@ -142,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--decode-kernel", dest="decode_kernel", metavar="KERNEL,...", default=None,
                      help="decode kernels to time, each as its own implementation on the same inputs: auto "
                      "(the plan's choice, reported as flash_kda), persistent, direct, direct_columns "
-                     "(k-first pools in the direct kernel's warp-column form; reported as "
-                     "flash_kda_persistent, flash_kda_direct, flash_kda_direct_columns); default auto")
+                     "(k-first pools in the direct kernel's warp-column form), direct_rows (every "
+                     "k-first pool in its row blocks); reported as flash_kda_persistent, "
+                     "flash_kda_direct, flash_kda_direct_columns, flash_kda_direct_rows; default auto")
     dec.add_argument("--check-seqs", type=_positive_int, default=decode_mod.DEFAULT_SAMPLE, metavar="S",
                      help=f"sequences of each decode point checked against the fp64 reference (default "
                      f"{decode_mod.DEFAULT_SAMPLE}; all when fewer)")

@@ -169,7 +169,7 @@ class Inputs:
 
 
 #: --decode-kernel's names (flash_kda.DecodeLaunchOptions.kernel) and the default list.
-KERNELS = ("auto", "persistent", "direct", "direct_columns")
+KERNELS = ("auto", "persistent", "direct", "direct_columns", "direct_rows")
 DEFAULT_KERNELS = ("auto",)
 
 

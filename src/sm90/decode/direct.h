@@ -20,7 +20,8 @@ cudaError_t launch_direct(StateLayout layout, bool bf16_pool, GateMode gate, con
 
 /// Launches the direct kernel's k-first row-block form (plan.kfirst_rows) for the pool dtype and
 /// the gate mode as `plan` says (its warps: the key warps of the form). Returns the CUDA error of
-/// the launch (cudaErrorInvalidConfiguration for a plan of no instantiated form).
+/// the launch (cudaErrorInvalidConfiguration for a plan of no instantiated form, or one whose
+/// shared memory is short of the form's).
 cudaError_t launch_kfirst_rows(bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx, const DecodeParams& p,
                                cudaStream_t stream);
 

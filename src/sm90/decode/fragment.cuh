@@ -1,7 +1,8 @@
 // The per-lane state fragment of the sm_90a persistent decode kernel and the warp reductions
 // over K that it needs (decode.cu's header comment says why this split), and the 16-byte
-// vectors of the pool's dtype every decode kernel loads and stores. Device code, included by
-// decode.cu and direct_warp.cu.
+// vectors of the pool's dtype every decode kernel loads and stores (and the direct kernels'
+// split fp32 state, half in shared memory). Device code, included by decode.cu, direct_warp.cu
+// and kfirst_rows.cu.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,52 @@ __device__ __forceinline__ uint4 pack_vec(const float (&v)[16 / sizeof(PoolT)]) 
   else
     return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
 }
+
+/// A lane's NR state vectors in fp32 for the direct kernels' split forms: vectors 0 .. NF - 1
+/// in the caller's registers (f), NF .. NR - 1 in the lane's own 16-byte words of the block's
+/// dynamic shared memory, word j of vector c at ((c - NF) * E / 4 + j) * stride from the lane's
+/// first (stride: the block's threads, or a warp's 32 lanes within its own region), so that the
+/// 32 words of one warp access are contiguous (no bank conflict) and no lane reads a word
+/// another wrote (no barrier). With NF = NR every vector is in registers and no word is used.
+template <typename PoolT, int NR, int NF>
+struct SplitState {
+  static constexpr int E = 16 / int(sizeof(PoolT));
+  using Regs = float[NF > 0 ? NF : 1][E];
+  float4* lane0;  // the lane's first word
+  int stride;     // words between a lane's consecutive words
+  __device__ float4& word(int c, int j) const { return lane0[((c - NF) * (E / 4) + j) * stride]; }
+  /// Vector c (>= NF) from the lane's words.
+  __device__ void load(int c, float (&x)[E]) const {
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j) {
+      const float4 w = word(c, j);
+      x[4 * j] = w.x, x[4 * j + 1] = w.y, x[4 * j + 2] = w.z, x[4 * j + 3] = w.w;
+    }
+  }
+  /// Vector c (>= NF) to the lane's words.
+  __device__ void store(int c, const float (&x)[E]) const {
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j) word(c, j) = make_float4(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
+  }
+  /// The loaded pool vectors `raw` in fp32, each where it is kept: the registers' first.
+  __device__ void unpack(const uint4 (&raw)[NR], Regs& f) const {
+#pragma unroll
+    for (int c = 0; c < NF; ++c) unpack_vec<PoolT>(raw[c], f[c]);
+#pragma unroll
+    for (int c = NF; c < NR; ++c) {
+      float x[E];
+      unpack_vec<PoolT>(raw[c], x);
+      store(c, x);
+    }
+  }
+  /// Vector c of the state as a pool vector (bf16: rounded).
+  __device__ uint4 pack(int c, const Regs& f) const {
+    if (c < NF) return pack_vec<PoolT>(f[c < NF ? c : 0]);
+    float x[E];
+    load(c, x);
+    return pack_vec<PoolT>(x);
+  }
+};
 
 /// The lane's piece of its warp's 128 x 8 state slice (the layouts: decode.cu's header comment).
 template <StateLayout L, typename PoolT>

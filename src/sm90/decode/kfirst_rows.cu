@@ -30,13 +30,19 @@
 // - Pool semantics as direct_warp.cu: the start slot decides a skip (negative or >= P: zero rows
 //   of out, no state access); [N, T] indices send each token's state to its own valid slot.
 //   Every branch of the item loop is uniform over the block (the barrier's condition).
-// Forms (the plan picks, plan.h's kfirst_rows_serves), both at KW = 4: fp32 pool (8 vectors = 32
-// floats a lane, 4 KB of state a warp), any T; bf16 pool with one token a sequence, packed (8
-// vectors kept as the loaded bf16 bits, 32 registers, decayed and updated in fp32 as they are
-// read and rounded once at the store, as direct_warp.cu's packed form). A bf16 pool with more
-// tokens takes direct_warp.cu's warp columns. Pool dtype, gate mode, one token (kOneToken) and
-// KW are template parameters; input dtypes, index kind and the beta / norm flags are uniform
-// run-time branches.
+// Forms, all at KW = 4: fp32 pool (8 vectors = 32 floats a lane, 4 KB of state a warp), any T;
+// bf16 pool with one token a sequence, packed (8 vectors kept as the loaded bf16 bits, 32
+// registers, decayed and updated in fp32 as they are read and rounded once at the store, as
+// direct_warp.cu's packed form); bf16 pool with more tokens, split (kSplit: the 8 vectors in
+// fp32 across the tokens, 64 floats a lane, vectors 0 .. 3 in registers and 4 .. 7 in the lane's
+// own 16-byte words of shared memory after the exchange buffers, the block's threads apart so
+// that a warp's access is 512 contiguous bytes and no lane reads another's words: no barrier
+// for them; read for the decay and partial sums and read again, decayed again and written back
+// at the update, as direct_warp.cu's split form). The plan (plan.h's kfirst_rows_serves) gives
+// the first two the row blocks; the split form runs under DecodeKernel::DirectRows only, the
+// default for those pools being direct_warp.cu's warp columns. Pool dtype, gate mode, one token
+// (kOneToken) and KW are template parameters; input dtypes, index kind and the beta / norm flags
+// are uniform run-time branches.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -110,6 +116,8 @@ __global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
   using F = RowsTile<PoolT, KW>;
   constexpr int E = F::E, C = F::C, NR = F::NR, NU = F::NU;
   constexpr bool kPacked = sizeof(PoolT) == 2 && kOneToken;  // the state kept as its loaded bits
+  constexpr bool kSplit = sizeof(PoolT) == 2 && !kOneToken;   // half of the fp32 state in shared memory
+  constexpr int NF = kSplit ? NR / 2 : NR;                    // vectors in fp32 registers (not packed)
   constexpr int64_t kHeadElems = int64_t(kD) * kD;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const bool varlen = p.seq.cu_seqlens != nullptr;
@@ -117,7 +125,9 @@ __global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
   const ptx::FastMath fm;
   void* const out = const_cast<void*>(p.out.data);
   const int kb = F::key0(warp, lane);
-  // Shared memory: [2][C][KW] (S^T k, S^T q) partials, then [2][KW] (|q|^2, |k|^2, k . q, 0).
+  // Shared memory: [2][C][KW] (S^T k, S^T q) partials, then [2][KW] (|q|^2, |k|^2, k . q, 0),
+  // then (split form) every lane's words of its vectors NF .. NR - 1 (plan.h's
+  // kfirst_rows_smem_bytes), the block's threads apart.
   float2* const part = reinterpret_cast<float2*>(dynamic_smem());
   float4* const norms = reinterpret_cast<float4*>(part + 2 * C * KW);
   int parity = 0;  // the buffer of the next token, block-uniform across items
@@ -205,10 +215,17 @@ __global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
       return y;
     };
 
-    // The state in fp32 registers (the packed form keeps `raw` instead).
-    float f[kPacked ? 1 : NR][E];
+    // The state in fp32: vectors 0 .. NF - 1 in registers, the split form's others in the lane's
+    // shared-memory words (the packed form keeps `raw` instead).
+    float f[kPacked ? 1 : NF][E];
+    auto words = [&]() {
+      return SplitState<PoolT, NR, NF>{
+          reinterpret_cast<float4*>(dynamic_smem() + kfirst_rows_smem_bytes(KW, C, false)) + threadIdx.x, KW * 32};
+    };
     auto unpack = [&]() {
-      if constexpr (!kPacked) {
+      if constexpr (kSplit) {
+        words().unpack(raw, f);
+      } else if constexpr (!kPacked) {
 #pragma unroll
         for (int c = 0; c < NR; ++c) unpack_vec<PoolT>(raw[c], f[c]);
       }
@@ -219,6 +236,7 @@ __global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
 #pragma unroll
       for (int c = 0; c < NR; ++c) {
         if constexpr (kPacked) ptx::st_global_v4(s + c * kD, raw[c]);
+        else if constexpr (kSplit) ptx::st_global_v4(s + c * kD, words().pack(c, f));
         else ptx::st_global_v4(s + c * kD, pack_vec<PoolT>(f[c]));
       }
     };
@@ -236,12 +254,14 @@ __global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
       for (int e = 0; e < 2 * E; ++e) acc[e] = 0.f;
 #pragma unroll
       for (int c = 0; c < NR; ++c) {
+        const bool held = !kPacked && c < NF;  // else decayed here and again at the update
         float x[E];
         if constexpr (kPacked) unpack_vec<PoolT>(raw[c], x);
+        else if (!held) words().load(c, x);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          if constexpr (kPacked) x[e] *= y.d[c];
-          else x[e] = f[c][e] *= y.d[c];
+          if (held) x[e] = f[c < NF ? c : 0][e] *= y.d[c];
+          else x[e] *= y.d[c];
           acc[2 * e] = fmaf(x[e], y.k[c], acc[2 * e]);
           acc[2 * e + 1] = fmaf(x[e], y.q[c], acc[2 * e + 1]);
         }
@@ -288,15 +308,17 @@ __global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
 #pragma unroll
       for (int c = 0; c < NR; ++c) {
         const float kn = y.k[c] * ks;
-        if constexpr (kPacked) {
+        if (kPacked || c >= NF) {
           float x[E];
-          unpack_vec<PoolT>(raw[c], x);
+          if constexpr (kPacked) unpack_vec<PoolT>(raw[c], x);
+          else words().load(c, x);
 #pragma unroll
           for (int e = 0; e < E; ++e) x[e] = fmaf(kn, us[e], x[e] * y.d[c]);
-          raw[c] = pack_vec<PoolT>(x);
+          if constexpr (kPacked) raw[c] = pack_vec<PoolT>(x);
+          else words().store(c, x);
         } else {
 #pragma unroll
-          for (int e = 0; e < E; ++e) f[c][e] = fmaf(kn, us[e], f[c][e]);
+          for (int e = 0; e < E; ++e) f[c < NF ? c : 0][e] = fmaf(kn, us[e], f[c < NF ? c : 0][e]);
         }
       }
       int64_t dst = -1;
@@ -335,14 +357,16 @@ cudaError_t rows_launch_gate(GateMode gate, const KernelLaunch& k, uint64_t ctx,
 cudaError_t launch_kfirst_rows(bool bf16_pool, GateMode gate, const DecodePlan& plan, uint64_t ctx, const DecodeParams& p,
                                cudaStream_t stream) {
   const KernelLaunch& k = plan.launch;
-  // The forms of the kernel's comment (plan.h's kfirst_rows_serves).
+  // The forms of the kernel's comment: fp32 any T; bf16 packed (one token) or split.
   constexpr int KW = kKFirstRowsKeyWarps;
   if (plan.warps != KW) return cudaErrorInvalidConfiguration;  // a plan of no instantiated form
   if (!bf16_pool)
     return plan.one_token ? rows_launch_gate<float, true, KW>(gate, k, ctx, p, stream)
                           : rows_launch_gate<float, false, KW>(gate, k, ctx, p, stream);
   if (plan.one_token) return rows_launch_gate<__nv_bfloat16, true, KW>(gate, k, ctx, p, stream);
-  return cudaErrorInvalidConfiguration;
+  // The split form's words past the exchange buffers: a plan without them is none of its own.
+  if (k.smem_bytes < kfirst_rows_smem_bytes(KW, kfirst_rows_cols(2), true)) return cudaErrorInvalidConfiguration;
+  return rows_launch_gate<__nv_bfloat16, false, KW>(gate, k, ctx, p, stream);
 }
 
 }  // namespace flash_kda::sm90

@@ -24,8 +24,9 @@ int blocks_per_sm(int threads, int smem, int by_regs) {
 int direct_blocks_per_sm(int threads, int smem) { return blocks_per_sm(threads, smem, kDirectMinBlocks * 128 / threads); }
 
 // The launch of a direct plan whose warps and items are set, either form: one block per item
-// (at most 2^31 - 1, the kernels loop past that), `smem` bytes of shared memory (<= 16 KB: no
-// attribute to set), the programmatic dependent of the kernel before it (plan.h).
+// (at most 2^31 - 1, the kernels loop past that), `smem` bytes of shared memory (<= 21 KB, under
+// the 48 KB past which an attribute is set), the programmatic dependent of the kernel before it
+// (plan.h).
 void direct_launch(DecodePlan& plan, int smem) {
   const int threads = plan.warps * 32;
   plan.blocks_per_sm = direct_blocks_per_sm(threads, smem);
@@ -47,7 +48,7 @@ DecodePlan kfirst_rows_plan(const ProblemShape& p, int state_bytes) {
   plan.slices = kDecodeHeadDim / plan.block_cols;
   plan.token_group = token_group(p);
   plan.items = p.num_seqs * p.value_heads * plan.slices;
-  direct_launch(plan, kfirst_rows_smem_bytes(plan.warps, plan.block_cols));
+  direct_launch(plan, kfirst_rows_smem_bytes(plan.warps, plan.block_cols, state_bytes == 2 && !plan.one_token));
   return plan;
 }
 
@@ -75,11 +76,13 @@ DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, in
                             DecodeKernel kernel) {
   const int64_t sms = std::max(1, device.num_sms);
   // The auto rule (plan.h): the direct kernel, k-first pools in row blocks where those serve
-  // them (kfirst_rows_serves) unless DirectColumns asks for the warp-column form.
+  // them (kfirst_rows_serves) unless DirectColumns asks for the warp-column form; DirectRows
+  // puts every k-first pool in row blocks.
   if (kernel != DecodeKernel::Persistent) {
     const bool one_token = !p.varlen && p.seqlen == 1;
-    if (layout == StateLayout::KFirst && kernel != DecodeKernel::DirectColumns && kfirst_rows_serves(state_bytes, one_token))
-      return kfirst_rows_plan(p, state_bytes);
+    const bool rows = kernel == DecodeKernel::DirectRows ||
+                      (kernel != DecodeKernel::DirectColumns && kfirst_rows_serves(state_bytes, one_token));
+    if (layout == StateLayout::KFirst && rows) return kfirst_rows_plan(p, state_bytes);
     return direct_plan(p, sms, state_bytes);
   }
   DecodePlan plan;

@@ -27,7 +27,8 @@
 // available by DecodeLaunchOptions::kernel, for comparison. A k-first fp32 pool or one-token
 // bf16 pool takes the row-block form (it reads whole L2 lines; the warp-column form's line
 // requests hold those pools far from the floor); a bf16 pool with more tokens the warp columns
-// (kfirst_rows_serves); DecodeKernel::DirectColumns forces the warp columns for the A/B.
+// (kfirst_rows_serves); DecodeKernel::DirectColumns forces the warp columns for the A/B, and
+// DirectRows the row blocks (bf16 pools with more tokens in their split form).
 #pragma once
 
 #include <cstdint>
@@ -125,22 +126,32 @@ inline constexpr int kDirectMinBlocks = 4;
 constexpr int kfirst_rows_cols(int state_bytes) { return 8 * 16 / (state_bytes == 2 ? 2 : 4); }
 /// Direct kernel, k-first row blocks: warps a block splits the 128 keys over: 4, 8 keys a lane
 /// (32 fp32 registers of state, or a bf16 pool's 64 elements kept as 32 registers of their bits
-/// with one token a sequence).
+/// with one token a sequence, or with more as 32 fp32 registers and 32 floats of shared memory:
+/// the split form).
 inline constexpr int kKFirstRowsKeyWarps = 4;
 /// Direct kernel, k-first: whether the row blocks serve a pool of `state_bytes` bytes per
 /// element: fp32 pools, and bf16 pools with one token a sequence (the packed form). A bf16 pool
 /// with more tokens would hold 64 fp32 state elements a lane across the tokens at 4 key warps;
 /// at 8 (32 a lane, 256-thread blocks) the H200 measured the row blocks 1.25-1.7x slower than
 /// the warp-column form at every point of 60 (docs/notes/2026-12-01_breadth-and-decode.md), so
-/// those pools take the warp-column form.
+/// those pools take the warp-column form. The split form at 4 key warps (half of those 64 in
+/// shared memory) serves them under DecodeKernel::DirectRows only: it is not yet measured.
 constexpr bool kfirst_rows_serves(int state_bytes, bool one_token) { return state_bytes != 2 || one_token; }
 /// Direct kernel, k-first row blocks: dynamic shared memory, two token-parity buffers of every
-/// warp's partial (S^T k, S^T q) of each column (8 bytes) and its (|q|^2, |k|^2, k . q) (16).
-constexpr int kfirst_rows_smem_bytes(int key_warps, int cols) { return 2 * key_warps * (cols * 8 + 16); }
+/// warp's partial (S^T k, S^T q) of each column (8 bytes) and its (|q|^2, |k|^2, k . q) (16),
+/// then in the split form (`split`: bf16 pool, more than one token a sequence) the fp32 half of
+/// every lane's state, half of its 128 / key_warps / 4 vectors of cols / 8 elements (at 4 key
+/// warps and 64 columns: 4 vectors, 128 bytes a lane, 16 KB a block; 20.6 KB in all, under the
+/// 48 KB a launch takes without an attribute, and the 4 blocks a SM the registers allow use 83
+/// KB of the 228).
+constexpr int kfirst_rows_smem_bytes(int key_warps, int cols, bool split) {
+  const int lane_vectors = kDecodeHeadDim / key_warps / 4;  // a lane's NR
+  return 2 * key_warps * (cols * 8 + 16) + (split ? key_warps * 32 * (lane_vectors / 2) * cols / 8 * 4 : 0);
+}
 
 /// What one decode launch does.
 struct DecodePlan {
-  DecodeKernel kernel = DecodeKernel::Persistent;  ///< the kernel launched: Persistent or Direct (never Auto or DirectColumns)
+  DecodeKernel kernel = DecodeKernel::Persistent;  ///< the kernel launched: Persistent or Direct (never Auto, DirectColumns or DirectRows)
   /// Value columns (v-first: value rows) of one work item: persistent warps * 8; direct warps *
   /// warp_tile.
   int block_cols = 32;
@@ -150,7 +161,8 @@ struct DecodePlan {
   bool wide = false;      ///< direct: wide tiles (bf16 pool, 16 a warp: packed or split)
   /// direct, k-first: the row-block form (kfirst_rows.cu): warps = kKFirstRowsKeyWarps, each
   /// over its share of the keys of all block_cols = kfirst_rows_cols columns (warp_tile equals
-  /// block_cols, wide is false); else the warp-column form of direct_warp.cu.
+  /// block_cols, wide is false; a bf16 pool with more tokens: the split form); else the
+  /// warp-column form of direct_warp.cu.
   bool kfirst_rows = false;
   int slices = 4;         ///< work items per (sequence, value head): 128 / block_cols
   int token_group = 1;    ///< tokens staged per round in shared memory (persistent: T for fixed length, else kDecodeVarlenGroup; direct stages none)
@@ -179,7 +191,9 @@ struct DecodePlan {
 /// (kfirst_rows_serves): the row-block form, blocks of kKFirstRowsKeyWarps warps over
 /// kfirst_rows_cols columns, one block per item (4 or 2 items a head); bf16 pools with more
 /// tokens, and DirectColumns: the warp-column form as for v-first (which DirectColumns leaves
-/// as Direct plans it). plan.kernel is Direct for all of them.
+/// as Direct plans it). DirectRows: every k-first pool in row blocks (bf16 pools with more
+/// tokens in the split form, 20.6 KB of shared memory a block), v-first as Direct. plan.kernel
+/// is Direct for all of them.
 /// Every direct launch is the programmatic dependent of the kernel before it on the stream
 /// (launch.dependent): a decode step is a few microseconds of work at small batches, about as
 /// long as a kernel's launch, and its blocks' launch and setup then overlap the previous
