@@ -8,10 +8,9 @@ fused_recurrent_kda_fwd (decorated ``@dispatch('kda')``) and everything built on
 backend's verifier accepts, and fla's Triton kernel for the rest (fla logs the verifier's
 reason once per process). FLA_FLASH_KDA_DECODE, read by fla at every dispatch, sets the
 scope:
-- unset (the default): the calls flash_kda serves where it measured faster than fla's Triton
-  kernel on the H200 (FASTER_THAN_FLA below; docs/performance.md, "Decode"), since installing
-  flash_kda must not slow a working fla call down;
-- "1": every call flash_kda can serve;
+- unset (the default) or "1": every call flash_kda can serve; on the H200 that is where it
+  measured faster than fla's Triton kernel (FASTER_THAN_FLA below; docs/performance.md,
+  "Decode"), since installing flash_kda must not slow a working fla call down;
 - "0": none (fla's own kernel for every call).
 
 Registration never raises: without fla, with another fla version, or on any error, importing
@@ -80,35 +79,14 @@ def _reject(reason: str) -> tuple[bool, str]:
     return False, f"flash_kda decode: {reason}"
 
 
-#: Where flash_kda's decode is faster than fla's Triton kernel in the H200 record
-#: (BENCHMARK_H200.md "Decode": the whole sweep, N = 1 to 1024 sequences x 4 to 96 heads x T =
-#: 1, 2, 4, both pool dtypes and layouts, 336 points): faster at 330. The slower ones: k-first
-#: bf16 pools with more than one token where N * HV is 64, 96 or 128 (0.73-0.92x; 1.05x at 64
-#: heads with T = 4), the warp-column form's narrow tiles, between its one-warp blocks (32
-#: heads and fewer: 1.11-1.86x) and its wide tiles (from the 132 heads of the H200's SMs:
-#: 1.09-1.34x); and one tie (1 x 96 heads, v-first bf16, T = 1: 4.1 us each). A varlen call
-#: counts as more than one token (it runs that form). The window follows the plan's thresholds
-#: on the H200's 132 SMs (2-warp blocks from 33 sequence-heads, wide tiles from 132); on a part
-#: with fewer SMs it moves with them, which this H200-measured rule does not follow.
-FASTER_THAN_FLA = ("every call but k-first bf16 pools with more than one token a sequence (or varlen) and "
-                   "33 to 131 sequence-heads (N * HV)")
-#: N * HV of the k-first bf16 multi-token calls that fla's Triton decode serves faster.
-_KFIRST_BF16_SLOWER_HEADS = range(33, 132)
-
-
-def _slower_than_fla(q, initial_state, state_v_first, cu_seqlens) -> str | None:
-    """Why fla's Triton kernel is the faster one for this call (FASTER_THAN_FLA), or None.
-    Shapes and dtypes only."""
-    num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
-    one_token = cu_seqlens is None and q.shape[1] == 1
-    bf16_pool = initial_state is not None and str(initial_state.dtype) == "torch.bfloat16"
-    if state_v_first or one_token or not bf16_pool:
-        return None
-    heads = num_seqs * initial_state.shape[1]
-    if heads in _KFIRST_BF16_SLOWER_HEADS:
-        return (f"a k-first bf16 pool with more than one token and {heads} sequence-heads: fla's Triton decode "
-                "is faster there (FLA_FLASH_KDA_DECODE=1 sends it here)")
-    return None
+#: Where flash_kda's decode is faster than fla's Triton kernel on the H200 (BENCHMARK_H200.md
+#: "Decode": the whole sweep, N = 1 to 1024 sequences x 4 to 96 heads x T = 1, 2, 4, both pool
+#: dtypes and layouts, 336 points, fla in the same run): every point but two ties at 1 x 96
+#: heads (v-first bf16 T = 1, k-first bf16 T = 2), so the default scope is every call flash_kda
+#: can serve. The k-first bf16 pools with more than one token and 33 to 131 sequence-heads,
+#: where the warp-column form was slower, run in the row blocks' split form (plan.h,
+#: kfirst_rows_serves).
+FASTER_THAN_FLA = "every call flash_kda serves"
 
 
 def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
@@ -119,8 +97,8 @@ def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, 
     """(True, None) when flash_kda's decode serves this fused_recurrent_kda_fwd call, else
     (False, the reason). Reads shapes, dtypes and devices only (never tensor data: no sync).
     A fixed-length batch may have up to 16 tokens per sequence; varlen sequences any number
-    (the kernel runs them in rounds of tokens). Unless FLA_FLASH_KDA_DECODE=1, only where
-    flash_kda is the faster (FASTER_THAN_FLA)."""
+    (the kernel runs them in rounds of tokens); every such call is one where flash_kda is the
+    faster (FASTER_THAN_FLA)."""
     if getattr(_local, "fallback", False):
         return _reject("a call flash_kda handed back to fla")
     if kwargs:
@@ -171,10 +149,6 @@ def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, 
         return _reject("num_accepted_tokens needs [N, T] ssm_state_indices")
     if use_gate_in_kernel and lower_bound is None and A_log is None:
         return _reject("the softplus gate needs A_log")
-    if os.environ.get(ENV_VAR) != "1":
-        slower = _slower_than_fla(q, initial_state, state_v_first, cu_seqlens)
-        if slower is not None:
-            return _reject(slower)
     return True, None
 
 
@@ -369,9 +343,8 @@ def _backend_class(base):
 
     class FlashKDADecodeBackend(base):
         """flash_kda's sm_90 decode for fla's fused_recurrent_kda_fwd (inference only, K = V =
-        128, at most 16 tokens per sequence of a fixed-length batch); on by default where it is
-        the faster, FLA_FLASH_KDA_DECODE=1 for every call it serves, =0 off (see the module
-        docstring)."""
+        128, at most 16 tokens per sequence of a fixed-length batch); on by default for every
+        call it serves, FLA_FLASH_KDA_DECODE=0 off (see the module docstring)."""
 
         backend_type = BACKEND_TYPE
         package_name = "flash_kda"

@@ -2,6 +2,7 @@
 // memory for small and large batches, fixed length and varlen, both pool dtypes and layouts.
 #include <gtest/gtest.h>
 
+#include <tuple>
 #include <utility>
 
 #if FLASH_KDA_WITH_CUDA
@@ -200,10 +201,35 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
     }
 }
 
+TEST(DecodePlan, KFirstBf16PoolsOfMoreTokensTakeTheSplitRowsFromHalfAGrid) {
+  // Auto and Direct: a k-first bf16 pool with more than one token (or varlen) takes the row
+  // blocks' split form once its 2 blocks a head fill half the SMs (4 N HV >= SMs), the warp
+  // columns below; the split plan is DirectRows' plan.
+  for (DecodeKernel kernel : {DecodeKernel::Auto, DecodeKernel::Direct})
+    for (auto [t, varlen] : {std::pair<int64_t, bool>{2, false}, {4, false}, {1, true}}) {
+      for (auto [n, hv, sms, rows] : {std::tuple<int64_t, int64_t, int, bool>{4, 8, 132, false}, {1, 32, 132, false},
+                                      {33, 1, 132, true}, {1, 96, 132, true}, {8, 8, 132, true},
+                                      {1, 1, 8, false}, {1, 2, 8, true}}) {
+        flash_kda::sm90::DeviceProps d = h200();
+        d.num_sms = sms;
+        const auto plan = make_decode_plan(shape(n, hv, t, varlen), d, 2, StateLayout::KFirst, kernel);
+        EXPECT_EQ(plan.kfirst_rows, rows) << n << " x " << hv << " heads on " << sms << " SMs, T = " << t;
+        EXPECT_EQ(plan.kernel, DecodeKernel::Direct);
+        const auto forced = make_decode_plan(shape(n, hv, t, varlen), d, 2, StateLayout::KFirst,
+                                             rows ? DecodeKernel::DirectRows : DecodeKernel::DirectColumns);
+        EXPECT_EQ(plan.kfirst_rows, forced.kfirst_rows);
+        EXPECT_EQ(plan.block_cols, forced.block_cols);
+        EXPECT_EQ(plan.warps, forced.warps);
+        EXPECT_EQ(plan.launch.smem_bytes, forced.launch.smem_bytes);
+        EXPECT_EQ(plan.launch.grid_x, forced.launch.grid_x);
+      }
+    }
+}
+
 TEST(DecodePlan, DirectKFirstTakesRowBlocks) {
   // Auto and Direct: k-first fp32 pools and one-token bf16 ones in row blocks of one 128-byte
-  // line of columns (32 fp32, 64 bf16), 4 key warps; a bf16 pool with more than one token in
-  // the warp-column form (kfirst_rows_serves).
+  // line of columns (32 fp32, 64 bf16), 4 key warps; a bf16 pool with more than one token over
+  // few heads (here 8) in the warp-column form (kfirst_rows_serves).
   for (DecodeKernel kernel : {DecodeKernel::Auto, DecodeKernel::Direct}) {
     const auto f32 = make_decode_plan(shape(64, 32, 2, false), h200(), 4, StateLayout::KFirst, kernel);
     EXPECT_EQ(f32.kernel, DecodeKernel::Direct);
@@ -286,8 +312,9 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
   // columns once, and the rows (columns) a warp match direct_warp_tile; shared memory only in
   // the split form (wide, more than one token). The k-first row blocks: a form of
   // kKFirstRowsKeyWarps warps over kfirst_rows_cols columns, its exchange buffers in shared
-  // memory, for fp32 pools and one-token bf16 ones (bf16 with more tokens: the warp columns, or
-  // under DirectRows the split form, its fp32 half of the state in shared memory too).
+  // memory, for fp32 pools and one-token bf16 ones; bf16 with more tokens in the split form (its
+  // fp32 half of the state in shared memory too) from 33 sequence-heads on 132 SMs or under
+  // DirectRows, else the warp columns.
   for (StateLayout layout : {StateLayout::VFirst, StateLayout::KFirst})
     for (DecodeKernel kernel : {DecodeKernel::Direct, DecodeKernel::DirectColumns, DecodeKernel::DirectRows})
       for (int bytes : {2, 4})
@@ -300,7 +327,8 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
               EXPECT_EQ(plan.kernel, DecodeKernel::Direct);
               EXPECT_EQ(plan.one_token, !varlen && t == 1);
               const bool rows = layout == StateLayout::KFirst && kernel != DecodeKernel::DirectColumns &&
-                                (bytes == 4 || plan.one_token || kernel == DecodeKernel::DirectRows);
+                                (bytes == 4 || plan.one_token || kernel == DecodeKernel::DirectRows ||
+                                 4 * n * hv >= 132);
               EXPECT_EQ(plan.kfirst_rows, rows);
               if (rows) {
                 EXPECT_FALSE(plan.wide);

@@ -68,7 +68,9 @@ TEST_P(DecodeEmu, DirectMatchesReference) {
   ASSERT_EQ(plan.kfirst_rows, a.state_layout == flash_kda::StateLayout::KFirst &&
                                   (GetParam().kernel == DecodeKernel::DirectRows ||
                                    (GetParam().kernel == DecodeKernel::Direct &&
-                                    flash_kda::sm90::kfirst_rows_serves(bf16_pool ? 2 : 4, plan.one_token))));
+                                    flash_kda::sm90::kfirst_rows_serves(bf16_pool ? 2 : 4, plan.one_token,
+                                                                        ps.num_seqs * ps.value_heads,
+                                                                        GetParam().num_sms))));
   // The named block split and tile form are the warp-column form's.
   if (GetParam().num_sms == 132 && !plan.kfirst_rows) {
     if (GetParam().c.h200_warps > 0) ASSERT_EQ(plan.warps, GetParam().c.h200_warps) << "the case's block split";
@@ -88,14 +90,17 @@ std::vector<EmuCase> emu_cases() {
     const bool large = c.name.find("persistent") != std::string::npos;
     for (int sms : {132, 8})
       if (!large || sms == 132) cases.push_back({c, sms});
-    // k-first cases whose plan takes the row blocks, once more in the warp-column form (the
-    // others take that form already).
-    const bool one_token = c.config.base.seqlens.empty() && c.config.base.seqlen == 1;
-    if (c.config.base.state_layout == flash_kda::StateLayout::KFirst &&
-        flash_kda::sm90::kfirst_rows_serves(c.config.base.state_dtype == DType::BF16 ? 2 : 4, one_token))
-      cases.push_back({c, 132, DecodeKernel::DirectColumns});
-    // k-first bf16 cases of more tokens, once more in the row blocks' split form.
-    if (flash_kda::testing::rows_split_case(c)) cases.push_back({c, 132, DecodeKernel::DirectRows});
+    // Every k-first case once more in each form the H200 plan does not give it: the warp
+    // columns where it takes the row blocks, the row blocks (a bf16 pool of more tokens: the
+    // split form) where it takes the warp columns.
+    if (c.config.base.state_layout == flash_kda::StateLayout::KFirst) {
+      const flash_kda::testing::KdaConfig& b = c.config.base;
+      const bool one_token = b.seqlens.empty() && b.seqlen == 1;
+      const int64_t seqs = b.seqlens.empty() ? b.batch : int64_t(b.seqlens.size());
+      const bool rows = flash_kda::sm90::kfirst_rows_serves(b.state_dtype == DType::BF16 ? 2 : 4, one_token,
+                                                            seqs * b.value_heads, 132);
+      cases.push_back({c, 132, rows ? DecodeKernel::DirectColumns : DecodeKernel::DirectRows});
+    }
   }
   return cases;
 }

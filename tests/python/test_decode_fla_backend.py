@@ -168,33 +168,30 @@ def gpu_build(monkeypatch):
     monkeypatch.setenv("FLA_FLASH_KDA_DECODE", "1")
 
 
-@pytest.mark.parametrize("change, served", [
-    (dict(state_v_first=True), True),                                             # 4 sequences, T = 1
-    (dict(state_v_first=True, N=1), True),                                        # one sequence of one token
-    (dict(state_v_first=True, N=1, T_=2, ssm_state_indices=T(1, 2)), True),       # one sequence, a draft of 2
-    (dict(state_v_first=True, N=1, T_=5, ssm_state_indices=T(2), cu_seqlens=T(3)), True),  # varlen, 2 sequences
-    (dict(), True),                                                               # k-first, fp32 pool
-    (dict(N=1, HV=96, H=96, ssm_state_indices=T(1, 2), T_=2,
-          initial_state=T(4, 96, 128, 128, dtype="torch.float32")), True),        # k-first fp32, 96 heads, T = 2
-    # k-first bf16 pools: one token, any heads; more tokens, N * HV outside 33..131
-    (dict(N=32, HV=4, H=4, ssm_state_indices=T(32), initial_state=T(40, 4, 128, 128)), True),
-    (dict(N=16, T_=2, ssm_state_indices=T(16, 2), initial_state=T(40, 2, 128, 128)), True),     # 32 heads
-    (dict(N=17, T_=2, ssm_state_indices=T(17, 2), initial_state=T(40, 2, 128, 128)), False),    # 34 heads
-    (dict(N=1, H=96, HV=96, T_=4, ssm_state_indices=T(1, 4), initial_state=T(4, 96, 128, 128)), False),
-    (dict(N=65, T_=2, ssm_state_indices=T(65, 2), initial_state=T(140, 2, 128, 128)), False),   # 130 heads
-    (dict(N=66, T_=2, ssm_state_indices=T(66, 2), initial_state=T(140, 2, 128, 128)), True),    # 132 heads
-    (dict(N=1, H=8, HV=8, T_=24, ssm_state_indices=T(8), cu_seqlens=T(9),
-          initial_state=T(9, 8, 128, 128)), False),                                # varlen, 8 x 8 heads
+@pytest.mark.parametrize("change", [
+    dict(state_v_first=True),                                             # 4 sequences, T = 1
+    dict(state_v_first=True, N=1),                                        # one sequence of one token
+    dict(state_v_first=True, N=1, T_=2, ssm_state_indices=T(1, 2)),       # one sequence, a draft of 2
+    dict(state_v_first=True, N=1, T_=5, ssm_state_indices=T(2), cu_seqlens=T(3)),  # varlen, 2 sequences
+    dict(),                                                               # k-first, fp32 pool
+    dict(N=1, HV=96, H=96, ssm_state_indices=T(1, 2), T_=2,
+         initial_state=T(4, 96, 128, 128, dtype="torch.float32")),        # k-first fp32, 96 heads, T = 2
+    # k-first bf16 pools: one token; more tokens on either side of the plan's switch from the
+    # warp columns to the row blocks' split form (33 sequence-heads on the H200)
+    dict(N=32, HV=4, H=4, ssm_state_indices=T(32), initial_state=T(40, 4, 128, 128)),
+    dict(N=16, T_=2, ssm_state_indices=T(16, 2), initial_state=T(40, 2, 128, 128)),     # 32 heads
+    dict(N=17, T_=2, ssm_state_indices=T(17, 2), initial_state=T(40, 2, 128, 128)),     # 34 heads
+    dict(N=1, H=96, HV=96, T_=4, ssm_state_indices=T(1, 4), initial_state=T(4, 96, 128, 128)),
+    dict(N=66, T_=2, ssm_state_indices=T(66, 2), initial_state=T(140, 2, 128, 128)),    # 132 heads
+    dict(N=1, H=8, HV=8, T_=24, ssm_state_indices=T(8), cu_seqlens=T(9),
+         initial_state=T(9, 8, 128, 128)),                                # varlen, 8 x 8 heads
 ])
-def test_default_scope_is_where_flash_kda_is_faster(monkeypatch, change, served):
-    """FLA_FLASH_KDA_DECODE unset: the verifier serves the calls of FASTER_THAN_FLA and hands
-    the rest to fla with the reason; =1 serves each of them."""
+def test_default_scope_is_every_servable_call(monkeypatch, change):
+    """FLA_FLASH_KDA_DECODE unset serves what =1 serves (FASTER_THAN_FLA: flash_kda measured
+    faster at every point of the H200 sweep), k-first bf16 pools of more tokens included."""
     monkeypatch.setattr(_fla, "_kernels", lambda: True)
     monkeypatch.delenv("FLA_FLASH_KDA_DECODE", raising=False)
-    accepted, why = _fla.verify_call(**_call(**change))
-    assert accepted is served, why
-    if not served:
-        assert "fla's Triton decode is" in why and "FLA_FLASH_KDA_DECODE=1" in why, why
+    assert _fla.verify_call(**_call(**change)) == (True, None)
     monkeypatch.setenv("FLA_FLASH_KDA_DECODE", "1")
     assert _fla.verify_call(**_call(**change)) == (True, None)
 

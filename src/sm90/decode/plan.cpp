@@ -81,7 +81,8 @@ DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, in
   if (kernel != DecodeKernel::Persistent) {
     const bool one_token = !p.varlen && p.seqlen == 1;
     const bool rows = kernel == DecodeKernel::DirectRows ||
-                      (kernel != DecodeKernel::DirectColumns && kfirst_rows_serves(state_bytes, one_token));
+                      (kernel != DecodeKernel::DirectColumns &&
+                       kfirst_rows_serves(state_bytes, one_token, p.num_seqs * p.value_heads, sms));
     if (layout == StateLayout::KFirst && rows) return kfirst_rows_plan(p, state_bytes);
     return direct_plan(p, sms, state_bytes);
   }

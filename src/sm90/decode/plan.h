@@ -26,9 +26,10 @@
 // k-first points measured (T = 1, N = 1 to 1024, 32 and 96 heads; 1.9-4.1x). It stays
 // available by DecodeLaunchOptions::kernel, for comparison. A k-first fp32 pool or one-token
 // bf16 pool takes the row-block form (it reads whole L2 lines; the warp-column form's line
-// requests hold those pools far from the floor); a bf16 pool with more tokens the warp columns
-// (kfirst_rows_serves); DecodeKernel::DirectColumns forces the warp columns for the A/B, and
-// DirectRows the row blocks (bf16 pools with more tokens in their split form).
+// requests hold those pools far from the floor); a bf16 pool with more tokens the row blocks'
+// split form from half a grid of them, the warp columns below (kfirst_rows_serves);
+// DecodeKernel::DirectColumns forces the warp columns for the A/B, and DirectRows the row
+// blocks.
 #pragma once
 
 #include <cstdint>
@@ -130,13 +131,16 @@ constexpr int kfirst_rows_cols(int state_bytes) { return 8 * 16 / (state_bytes =
 /// the split form).
 inline constexpr int kKFirstRowsKeyWarps = 4;
 /// Direct kernel, k-first: whether the row blocks serve a pool of `state_bytes` bytes per
-/// element: fp32 pools, and bf16 pools with one token a sequence (the packed form). A bf16 pool
-/// with more tokens would hold 64 fp32 state elements a lane across the tokens at 4 key warps;
-/// at 8 (32 a lane, 256-thread blocks) the H200 measured the row blocks 1.25-1.7x slower than
-/// the warp-column form at every point of 60 (docs/notes/2026-12-01_breadth-and-decode.md), so
-/// those pools take the warp-column form. The split form at 4 key warps (half of those 64 in
-/// shared memory) serves them under DecodeKernel::DirectRows only: it is not yet measured.
-constexpr bool kfirst_rows_serves(int state_bytes, bool one_token) { return state_bytes != 2 || one_token; }
+/// element for `heads` = N * HV sequence-heads on `sms` SMs: fp32 pools and bf16 pools with one
+/// token a sequence (the packed form) always; bf16 pools with more tokens (the split form: half
+/// of a lane's 64 fp32 state elements in its shared-memory words) from a grid of half the SMs
+/// (2 blocks a head, so 4 * heads >= sms). Below that the warp-column form's 8-16x more,
+/// smaller blocks spread the few heads wider: on the H200 (docs/notes/2026-12-01_breadth-and-
+/// decode.md, "Second night") the split form took 0.67-0.93x of the warp columns' time at every
+/// point from 64 sequence-heads up (T = 2, 4; 32 points) and 1.03-1.68x at the 8 of 32 or fewer.
+constexpr bool kfirst_rows_serves(int state_bytes, bool one_token, int64_t heads, int64_t sms) {
+  return state_bytes != 2 || one_token || 4 * heads >= sms;
+}
 /// Direct kernel, k-first row blocks: dynamic shared memory, two token-parity buffers of every
 /// warp's partial (S^T k, S^T q) of each column (8 bytes) and its (|q|^2, |k|^2, k . q) (16),
 /// then in the split form (`split`: bf16 pool, more than one token a sequence) the fp32 half of
@@ -187,10 +191,11 @@ struct DecodePlan {
 /// split (1 x 32 heads fp32: 512 one-warp blocks of 8 rows = 4 KB each). Every warp runs its
 /// tile alone, so the split only spreads the warps over the SMs. A bf16 pool takes wide tiles
 /// (16 a warp) from kDirectWideMinWarpsPerSm of them a SM.
-/// Direct, k-first (`kernel` Auto or Direct), fp32 pools and one-token bf16 ones
-/// (kfirst_rows_serves): the row-block form, blocks of kKFirstRowsKeyWarps warps over
-/// kfirst_rows_cols columns, one block per item (4 or 2 items a head); bf16 pools with more
-/// tokens, and DirectColumns: the warp-column form as for v-first (which DirectColumns leaves
+/// Direct, k-first (`kernel` Auto or Direct), where kfirst_rows_serves (fp32 pools, one-token
+/// bf16 ones, bf16 ones with more tokens from half a grid of blocks): the row-block form, blocks
+/// of kKFirstRowsKeyWarps warps over kfirst_rows_cols columns, one block per item (4 or 2 items
+/// a head; the split form's 20.6 KB of shared memory for bf16 pools with more tokens); the other
+/// bf16 pools, and DirectColumns: the warp-column form as for v-first (which DirectColumns leaves
 /// as Direct plans it). DirectRows: every k-first pool in row blocks (bf16 pools with more
 /// tokens in the split form, 20.6 KB of shared memory a block), v-first as Direct. plan.kernel
 /// is Direct for all of them.
