@@ -87,11 +87,11 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
   pp.l2norm = a.use_qk_l2norm;
   pp.beta_sigmoid = a.use_beta_sigmoid;
   pp.beta_mul = a.allow_neg_eigval ? 2.f : 1.f;
-  pp.flashkda_flags = a.gate == GateMode::SafeSigmoid && pp.A_log != nullptr && pp.dt_bias != nullptr && pp.l2norm &&
-                      pp.beta_sigmoid && !a.allow_neg_eigval;
-  pp.dense_rows = pp.flashkda_flags && pp.q_rows.dense(p.heads, 2 * kHeadDim) && pp.k_rows.dense(p.heads, 2 * kHeadDim) &&
-                  pp.g_rows.dense(p.value_heads, (pp.g_is_f32 ? 4 : 2) * kHeadDim) &&
-                  pp.beta_rows.dense(p.value_heads, pp.beta_is_f32 ? 4 : 2);
+  pp.flashkda_call = a.gate == GateMode::SafeSigmoid && pp.A_log != nullptr && pp.dt_bias != nullptr && pp.l2norm &&
+                     pp.beta_sigmoid && !a.allow_neg_eigval && pp.q_rows.dense(p.heads, 2 * kHeadDim) &&
+                     pp.k_rows.dense(p.heads, 2 * kHeadDim) &&
+                     pp.g_rows.dense(p.value_heads, (pp.g_is_f32 ? 4 : 2) * kHeadDim) &&
+                     pp.beta_rows.dense(p.value_heads, pp.beta_is_f32 ? 4 : 2);
   pp.seqs = seqs;
   pp.heads = static_cast<int>(p.heads);
   pp.value_heads = static_cast<int>(p.value_heads);

@@ -41,13 +41,10 @@ struct PrepareParams {
   bool l2norm;            // use_qk_l2norm: q / ||q||, k / ||k|| (else q, k as given)
   bool beta_sigmoid;      // use_beta_sigmoid: b = beta_mul * sigmoid(beta) (else b = beta)
   float beta_mul;         // 2 with allow_neg_eigval, else 1
-  // FlashKDA's flags: the safe gate with A_log and dt_bias, the L2 norm, b = sigmoid(beta), no
-  // negative eigenvalues. Its kernels have them fixed at compile time, so the most common call
-  // pays no instruction for the other modes' flags.
-  bool flashkda_flags;
-  // With FlashKDA's flags: q, k, g, beta also dense (RowLayout::dense), FlashKDA's own call,
-  // whose kernel has their strides fixed too.
-  bool dense_rows;
+  // FlashKDA's own call: the safe gate with A_log and dt_bias, the L2 norm, b = sigmoid(beta),
+  // and q, k, g, beta dense (RowLayout::dense). Its kernel has those fixed at compile time, so
+  // the most common call pays no instruction for the other modes' strides and flags.
+  bool flashkda_call;
   SeqIndex seqs;
   int heads, value_heads;  // H, HV
   int group;               // HV / H (the host divides once; a division per block otherwise)

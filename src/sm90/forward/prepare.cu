@@ -294,15 +294,11 @@ inline constexpr int kPrepareBlocksPerSm = kGate == GateMode::SafeSigmoid ? 7 : 
 // (h4_fixed_1024: 9.3 against 7.3 us) for the same time on the large ones (docs/performance.md).
 // kGF32: g is fp32 (else bf16), a template parameter so that the gate's loads have one path;
 // kGate: the gate mode (the safe gate's instantiations compile to its bounded form alone).
-// kFlashKDAFlags: FlashKDA's flags (PrepareParams::flashkda_flags, safe gate only: A_log and
-// dt_bias given, L2 norms and beta's sigmoid fused, no negative eigenvalues) are constants here,
-// so the call costs no instruction of the other modes; kDenseRows (with them): q, k, g and beta
-// are also contiguous (FlashKDA's own call), so their strides are constants too. Strided inputs
-// with FlashKDA's flags keep the flags' constants and read their rows through their RowLayouts.
-template <bool kGF32, GateMode kGate, bool kFlashKDAFlags = false, bool kDenseRows = false>
+// kFlashKDA: FlashKDA's own call (PrepareParams::flashkda_call, safe gate only): its flags and
+// its dense rows are constants here, so the call costs no instruction of the other modes.
+template <bool kGF32, GateMode kGate, bool kFlashKDA = false>
 __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_kernel(const PrepareParams p) {
-  static_assert(!kFlashKDAFlags || kGate == GateMode::SafeSigmoid, "FlashKDA's flags are the safe gate's");
-  static_assert(!kDenseRows || kFlashKDAFlags, "the dense-row form is FlashKDA's call's");
+  static_assert(!kFlashKDA || kGate == GateMode::SafeSigmoid, "FlashKDA's call is the safe gate's");
   __shared__ __align__(16) Smem sm;
   // The state pass is this kernel's programmatic dependent launch (plan.cpp): once every block
   // has started, i.e. in the last wave, its blocks may take the SMs this grid leaves idle and
@@ -333,13 +329,13 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   // chunk decay untouched, so the recurrence needs no masks.
   // The chunk's first token, local to its sequence (row_offset): chunk * 16 for fixed length,
   // the flat token t0 for varlen (seq_tokens = 0).
-  // Dense rows: by the flat token t0 (RowLayout::dense_of), whose constant strides fold into
-  // the addressing.
-  const RowLayout q_rows = kDenseRows ? RowLayout::dense_of(p.heads, 2 * kHeadDim) : p.q_rows;
-  const RowLayout k_rows = kDenseRows ? RowLayout::dense_of(p.heads, 2 * kHeadDim) : p.k_rows;
-  const RowLayout g_rows = kDenseRows ? RowLayout::dense_of(p.value_heads, (kGF32 ? 4 : 2) * kHeadDim) : p.g_rows;
-  const RowLayout beta_rows = kDenseRows ? RowLayout::dense_of(p.value_heads, p.beta_is_f32 ? 4 : 2) : p.beta_rows;
-  const uint32_t tl = static_cast<uint32_t>(kDenseRows || p.q_rows.seq_tokens == 0 ? t0 : chunk * kChunk);
+  // FlashKDA's call: dense rows by the flat token t0 (RowLayout::dense_of), whose constant
+  // strides fold into the addressing.
+  const RowLayout q_rows = kFlashKDA ? RowLayout::dense_of(p.heads, 2 * kHeadDim) : p.q_rows;
+  const RowLayout k_rows = kFlashKDA ? RowLayout::dense_of(p.heads, 2 * kHeadDim) : p.k_rows;
+  const RowLayout g_rows = kFlashKDA ? RowLayout::dense_of(p.value_heads, (kGF32 ? 4 : 2) * kHeadDim) : p.g_rows;
+  const RowLayout beta_rows = kFlashKDA ? RowLayout::dense_of(p.value_heads, p.beta_is_f32 ? 4 : 2) : p.beta_rows;
+  const uint32_t tl = static_cast<uint32_t>(kFlashKDA || p.q_rows.seq_tokens == 0 ? t0 : chunk * kChunk);
   const uint32_t n32 = static_cast<uint32_t>(n);
   stage_rows<__nv_bfloat16>(sm.in.q, p.q, q_rows, n32, tl, valid, h, c);
   stage_rows<__nv_bfloat16>(sm.in.k, p.k, k_rows, n32, tl, valid, h, c);
@@ -348,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   else
     stage_rows<__nv_bfloat16>(sm.g16, p.g, g_rows, n32, tl, valid, hv, c);
   if (kGate != GateMode::PreGated && c < kHeadDim / 4) {  // 16-byte pieces (validate.cpp: tensors are 16-byte aligned)
-    if (kFlashKDAFlags || p.dt_bias != nullptr)
+    if (kFlashKDA || p.dt_bias != nullptr)
       cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
           reinterpret_cast<const cute::uint128_t*>(p.dt_bias + hv * kHeadDim)[c],
           reinterpret_cast<cute::uint128_t*>(sm.bias)[c]);
@@ -358,12 +354,12 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   cute::cp_async_fence();
   // The remaining global loads go out while the copies are in flight.
   const int ch0 = 32 * warp;
-  const float a_log = kGate != GateMode::PreGated && (kFlashKDAFlags || p.A_log != nullptr) ? p.A_log[hv] : 0.f;
+  const float a_log = kGate != GateMode::PreGated && (kFlashKDA || p.A_log != nullptr) ? p.A_log[hv] : 0.f;
   if (c < kChunk) {
     float b = 0.f;
     if (c < valid) {
       b = load_f_at(p.beta, row_offset(beta_rows, n32, tl + c, hv), p.beta_is_f32);
-      if (kFlashKDAFlags) b = math::beta_sigmoid_log2(b, ptx::FastMath{});
+      if (kFlashKDA) b = math::beta_sigmoid_log2(b, ptx::FastMath{});
       else if (p.beta_sigmoid) b = math::beta_sigmoid_log2(b, ptx::FastMath{}) * p.beta_mul;
     }
     sm.beta[c] = b;
@@ -422,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   for (int th = 0; th < 2; ++th) {
     const float4 sq = *reinterpret_cast<const float4*>(sm.sumsq[0][g + 8 * th]);
     const float4 sk = *reinterpret_cast<const float4*>(sm.sumsq[1][g + 8 * th]);
-    const bool l2norm = kFlashKDAFlags || p.l2norm;
+    const bool l2norm = kFlashKDA || p.l2norm;
     rq[th] = p.scale * (l2norm ? ptx::rsqrt((sq.x + sq.y) + (sq.z + sq.w) + float(math::kL2NormEps)) : 1.f);
     rk[th] = l2norm ? ptx::rsqrt((sk.x + sk.y) + (sk.z + sk.w) + float(math::kL2NormEps)) : 1.f;
   }
@@ -795,10 +791,10 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   }
 }
 
-template <GateMode kGate, bool kFlashKDAFlags = false, bool kDenseRows = false>
+template <GateMode kGate, bool kFlashKDA = false>
 cudaError_t launch_gate(const PrepareParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
-  return p.g_is_f32 ? launch_planned<prepare_kernel<true, kGate, kFlashKDAFlags, kDenseRows>>(k, context_key, p, stream)
-                    : launch_planned<prepare_kernel<false, kGate, kFlashKDAFlags, kDenseRows>>(k, context_key, p, stream);
+  return p.g_is_f32 ? launch_planned<prepare_kernel<true, kGate, kFlashKDA>>(k, context_key, p, stream)
+                    : launch_planned<prepare_kernel<false, kGate, kFlashKDA>>(k, context_key, p, stream);
 }
 
 }  // namespace
@@ -810,9 +806,8 @@ cudaError_t launch_prepare(const PrepareParams& p, const KernelLaunch& k, uint64
     case GateMode::PreGated:
       return launch_gate<GateMode::PreGated>(p, k, context_key, stream);
     default:
-      if (!p.flashkda_flags) return launch_gate<GateMode::SafeSigmoid>(p, k, context_key, stream);
-      return p.dense_rows ? launch_gate<GateMode::SafeSigmoid, true, true>(p, k, context_key, stream)
-                          : launch_gate<GateMode::SafeSigmoid, true, false>(p, k, context_key, stream);
+      return p.flashkda_call ? launch_gate<GateMode::SafeSigmoid, true>(p, k, context_key, stream)
+                             : launch_gate<GateMode::SafeSigmoid>(p, k, context_key, stream);
   }
 }
 
