@@ -71,15 +71,15 @@ enum class DecodeKernel : int {
   Persistent = 1,  ///< a persistent grid whose blocks stage the next items' state slices in shared memory
   Direct = 2,      ///< one block per state slice, the slice loaded straight into registers
   /// The direct kernel with every k-first pool in its warp-column form (each warp owns value
-  /// columns of all 128 keys), also for the fp32 and one-token bf16 pools that Direct runs in
-  /// row blocks (a block's warps split the keys of whole 128-byte lines of its value columns);
-  /// the same as Direct for v-first pools and for the other k-first ones. Kept for the A/B of
-  /// the two forms.
+  /// columns of all 128 keys), also for the pools that Direct runs in row blocks (a block's
+  /// warps split the keys of whole 128-byte lines of its value columns); the same as Direct for
+  /// v-first pools and for the other k-first ones. Kept for the A/B of the two forms.
   DirectColumns = 3,
   /// The direct kernel with every k-first pool in row blocks, also the bf16 pools with more than
-  /// one token a sequence that Direct runs in warp columns (those in the row blocks' split form:
-  /// half of each lane's fp32 state in shared memory); the same as Direct for v-first pools and
-  /// for the other k-first ones. Kept for the A/B of the split form against the warp columns.
+  /// one token a sequence over few sequence-heads that Direct runs in warp columns (bf16 pools
+  /// of more tokens in the row blocks' split form: half of each lane's fp32 state in shared
+  /// memory); the same as Direct for v-first pools and for the other k-first ones. Kept for the
+  /// A/B of the two forms.
   DirectRows = 4,
 };
 

@@ -52,8 +52,9 @@ class DecodeLaunchOptions:
     Attributes:
         kernel: "auto" (the plan's choice), "persistent" (a persistent grid staging the state
             slices in shared memory), "direct" (one block per state slice, held in registers;
-            k-first fp32 pools and one-token bf16 pools in row blocks whose warps split the
-            keys), "direct_columns" (the direct kernel with every k-first pool in its
+            k-first pools in row blocks whose warps split the keys, but bf16 pools of more
+            than one token over few sequence-heads, 4 N HV below the SM count, in warp
+            columns), "direct_columns" (the direct kernel with every k-first pool in its
             warp-column form, each warp all keys of a few value columns; otherwise as
             "direct") or "direct_rows" (the direct kernel with every k-first pool in row
             blocks, bf16 pools of more than one token in their split form, half of a lane's
