@@ -39,8 +39,8 @@
 // that a warp's access is 512 contiguous bytes and no lane reads another's words: no barrier
 // for them; read for the decay and partial sums and read again, decayed again and written back
 // at the update, as direct_warp.cu's split form). The plan (plan.h's kfirst_rows_serves) gives
-// the first two the row blocks; the split form runs under DecodeKernel::DirectRows only, the
-// default for those pools being direct_warp.cu's warp columns. Pool dtype, gate mode, one token
+// the first two the row blocks always and the split form from 4 N HV >= the SM count, below
+// which direct_warp.cu's warp columns spread few heads wider. Pool dtype, gate mode, one token
 // (kOneToken) and KW are template parameters; input dtypes, index kind and the beta / norm flags
 // are uniform run-time branches.
 #include <cuda_bf16.h>
