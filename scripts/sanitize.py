@@ -98,7 +98,8 @@ def run_variant_cases(torch) -> int:
     print(f"sanitize: chunk_kda intermediate states: {'ok' if ok else 'WRONG'} (finite, {tuple(h.shape)})", flush=True)
     # The decode over a pool: [N] slots with a padded (-1) entry, each layout and pool dtype,
     # one token (the one-token kernels) and two, on 10 heads (8-row warp tiles) and 136 (a bf16
-    # pool's wide tiles on 132 SMs: packed for one token, split for two).
+    # pool's wide tiles on 132 SMs: packed for one token, split for two); k-first bf16 with two
+    # tokens: the warp columns at 10 heads, the row blocks' split form at 136.
     slots = 7
     g = torch.Generator(device=dev).manual_seed(5)
     r = lambda *shape: torch.randn(*shape, generator=g, device=dev).bfloat16()

@@ -8,9 +8,9 @@ fused_recurrent_kda_fwd (decorated ``@dispatch('kda')``) and everything built on
 backend's verifier accepts, and fla's Triton kernel for the rest (fla logs the verifier's
 reason once per process). FLA_FLASH_KDA_DECODE, read by fla at every dispatch, sets the
 scope:
-- unset (the default) or "1": every call flash_kda can serve; on the H200 that is where it
-  measured faster than fla's Triton kernel (FASTER_THAN_FLA below; docs/performance.md,
-  "Decode"), since installing flash_kda must not slow a working fla call down;
+- unset (the default) or "1": every call flash_kda can serve (on the H200 faster than fla's
+  Triton decode, or level, at every point of the sweep: FASTER_THAN_FLA below;
+  docs/performance.md, "Decode"; parts with other SM counts are not measured);
 - "0": none (fla's own kernel for every call).
 
 Registration never raises: without fla, with another fla version, or on any error, importing
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import os
 import threading
 
 logger = logging.getLogger(__name__)
@@ -97,8 +96,8 @@ def verify_call(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, 
     """(True, None) when flash_kda's decode serves this fused_recurrent_kda_fwd call, else
     (False, the reason). Reads shapes, dtypes and devices only (never tensor data: no sync).
     A fixed-length batch may have up to 16 tokens per sequence; varlen sequences any number
-    (the kernel runs them in rounds of tokens); every such call is one where flash_kda is the
-    faster (FASTER_THAN_FLA)."""
+    (the kernel runs them in rounds of tokens), where the H200 sweep measured flash_kda faster
+    or level (FASTER_THAN_FLA)."""
     if getattr(_local, "fallback", False):
         return _reject("a call flash_kda handed back to fla")
     if kwargs:

@@ -34,9 +34,10 @@ struct DecodeCase {
 };
 inline void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
 
-/// Whether DecodeKernel::DirectRows runs case c other than Direct does: a k-first bf16 pool (or
-/// state) with more than one token a sequence, which DirectRows gives the row blocks' split
-/// form and Direct the warp columns.
+/// Whether DecodeKernel::DirectRows can run case c other than Direct does: a k-first bf16 pool
+/// (or state) with more than one token a sequence, which DirectRows gives the row blocks' split
+/// form and Direct the warp columns below 4 N HV = SMs (from there the split form too, where
+/// DirectRows repeats Direct).
 inline bool rows_split_case(const DecodeCase& c) {
   const KdaConfig& b = c.config.base;
   return b.state_layout == StateLayout::KFirst && b.state_dtype == DType::BF16 && !(b.seqlens.empty() && b.seqlen == 1);

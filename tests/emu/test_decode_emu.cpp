@@ -3,10 +3,11 @@
 // of the C++ decode suite (tests/cpp/decode_cases.h), planned for a 132-SM H200 and for an 8-SM
 // part (other block splits; the few-hundred-sequence cases on the H200 plan only), and checked
 // against flash_kda::reference_decode exactly as the GPU suite checks it. The plan picks the
-// form (k-first pools: row blocks); every k-first case runs the warp-column form
-// (DecodeKernel::DirectColumns) as well, on the H200 plan, whose block split or tile form a
-// case may name and must get, and every k-first bf16 case of more than one token the row
-// blocks' split form (DecodeKernel::DirectRows). It catches what the model shares with the GPU:
+// form; every k-first case runs once more on the H200 plan in the form that plan does not give
+// it (the warp columns, DecodeKernel::DirectColumns, or the row blocks, DirectRows), and every
+// k-first bf16 case of more than one token in the warp columns on the 8-SM plan too, whose
+// wider blocks the 8-SM plan gives only the row blocks' split form. A case may name the H200
+// plan's block split or tile form and must get it. It catches what the model shares with the GPU:
 // lane and row mapping, shuffle partners, reductions, indexing, bounds and pool semantics; not
 // timing or memory ordering (the GPU suite and compute-sanitizer cover those).
 #include "warp_emu.h"
@@ -100,6 +101,7 @@ std::vector<EmuCase> emu_cases() {
       const bool rows = flash_kda::sm90::kfirst_rows_serves(b.state_dtype == DType::BF16 ? 2 : 4, one_token,
                                                             seqs * b.value_heads, 132);
       cases.push_back({c, 132, rows ? DecodeKernel::DirectColumns : DecodeKernel::DirectRows});
+      if (flash_kda::testing::rows_split_case(c)) cases.push_back({c, 8, DecodeKernel::DirectColumns});
     }
   }
   return cases;
@@ -107,5 +109,26 @@ std::vector<EmuCase> emu_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cpu, DecodeEmu, ::testing::ValuesIn(emu_cases()),
                          [](const ::testing::TestParamInfo<EmuCase>& i) { return emu_name(i.param); });
+
+TEST(DecodeEmuLaunch, SplitFormRefusesAPlanWithoutItsLaneWords) {
+  // launch_kfirst_rows refuses a split-form plan whose shared memory ends before the lanes'
+  // state words (their last 16 bytes missing), before any block runs.
+  flash_kda::ProblemShape ps;
+  ps.batch = ps.num_seqs = 4;
+  ps.seqlen = 2;
+  ps.heads = ps.value_heads = 16;
+  ps.head_dim_k = ps.head_dim_v = 128;
+  flash_kda::sm90::DeviceProps props;
+  props.major = 9;
+  props.num_sms = 132;
+  flash_kda::sm90::DecodePlan plan =
+      flash_kda::sm90::make_decode_plan(ps, props, 2, flash_kda::StateLayout::KFirst, DecodeKernel::Auto);
+  ASSERT_TRUE(plan.kfirst_rows);
+  ASSERT_FALSE(plan.one_token);
+  plan.launch.smem_bytes -= 16;
+  const flash_kda::sm90::DecodeParams p{};
+  EXPECT_EQ(flash_kda::sm90::emu_launch_kfirst_rows(true, flash_kda::GateMode::SafeSigmoid, plan, 0, p, nullptr),
+            cudaErrorInvalidConfiguration);
+}
 
 }  // namespace

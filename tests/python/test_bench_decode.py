@@ -307,3 +307,14 @@ def test_forward_write_record_keeps_the_decode_table(tmp_path, monkeypatch):
     assert "## Decode" in (tmp_path / cli.RECORD_NAME).read_text()
     # the run's own results.json has no decode points: only the record keeps them
     assert not json.loads((tmp_path / "out" / "results.json").read_text()).get("decode")
+
+
+def test_forward_write_record_over_a_decode_only_record_keeps_its_metadata(tmp_path, monkeypatch):
+    # a record written by a decode run alone (no forward cases): its meta is the decode run's
+    (tmp_path / cli.RECORD_JSON).write_text(json.dumps(fake_decode()))
+    monkeypatch.setattr(cli, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(report, "update_readme", lambda path, results: False)
+    main.write_outputs(fake_results(), cli.parse_args(["--write-record", "--no-plot", "--out-dir", str(tmp_path / "out")]))
+    record = json.loads((tmp_path / cli.RECORD_JSON).read_text())
+    assert record["decode_run"]["copy_bandwidth"] == 4e12
+    assert record["decode_run"]["meta"] == fake_decode()["meta"]

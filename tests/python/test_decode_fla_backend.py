@@ -60,7 +60,7 @@ def test_registers_for_operation_kda_with_its_switch(monkeypatch):
     assert operation == "kda"
     assert issubclass(cls, StandInBackend)
     assert (cls.backend_type, cls.env_var, cls.package_name) == ("flash_kda_decode", "FLA_FLASH_KDA_DECODE", "flash_kda")
-    # On by default; the verifier keeps the default to the calls where flash_kda is the faster.
+    # On by default for every call the verifier accepts.
     assert cls.default_enable is True
     backend = cls()
     # fla finds both by the dispatched function's name.
@@ -188,7 +188,8 @@ def gpu_build(monkeypatch):
 ])
 def test_default_scope_is_every_servable_call(monkeypatch, change):
     """FLA_FLASH_KDA_DECODE unset serves what =1 serves (FASTER_THAN_FLA: flash_kda measured
-    faster at every point of the H200 sweep), k-first bf16 pools of more tokens included."""
+    faster or level at every point of the H200 sweep): no call shape is left to fla by
+    default, k-first bf16 pools of more tokens included."""
     monkeypatch.setattr(_fla, "_kernels", lambda: True)
     monkeypatch.delenv("FLA_FLASH_KDA_DECODE", raising=False)
     assert _fla.verify_call(**_call(**change)) == (True, None)

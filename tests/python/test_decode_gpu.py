@@ -450,11 +450,15 @@ def test_fla_dispatches_to_flash_kda_and_falls_back(cuda_sm90, monkeypatch):
     with _count_ours(monkeypatch) as calls, torch.inference_mode(), _fla_dispatch(False):
         fla_fwd(**dict(kw, initial_state=kw["initial_state"].clone()))
         assert calls[0] == 0  # FLA_FLASH_KDA_DECODE=0 turns the backend off
-    # Unset: the default scope, every call flash_kda serves: the v-first call above and a k-first
-    # bf16 pool with two tokens a sequence over 4 x 16 heads (the warp-column form on the H200).
+    # Unset: the default scope, every call flash_kda serves: the v-first call above and k-first
+    # bf16 pools with two tokens a sequence in both forms the H200 plan gives them, 4 x 16 heads
+    # (the row blocks' split form) and 2 x 16 (the warp columns); K = 64 still runs fla's kernel.
     kf, _ = _problem(cuda_sm90, N=4, T=2, H=16, HV=16, state=torch.bfloat16, index_mode="tokens", accepted=True,
                      v_first=False, seed=3)
+    kc, _ = _problem(cuda_sm90, N=2, T=2, H=16, HV=16, state=torch.bfloat16, index_mode="tokens", accepted=True,
+                     v_first=False, seed=4)
     ref_kf, ref_kf_pool = _reference(kf)
+    ref_kc, ref_kc_pool = _reference(kc)
     with _count_ours(monkeypatch) as calls, torch.inference_mode(), _fla_dispatch(None):
         out, pool = fla_fwd(**dict(kw, initial_state=kw["initial_state"].clone()))
         assert calls[0] == 1
@@ -463,6 +467,16 @@ def test_fla_dispatches_to_flash_kda_and_falls_back(cuda_sm90, monkeypatch):
         torch.cuda.synchronize()
         assert calls[0] == 2
         assert _rel(out, ref_kf) <= BOUND and _rel(pool, ref_kf_pool) <= BOUND
+        out, pool = fla_fwd(**dict(kc, initial_state=kc["initial_state"].clone()))
+        torch.cuda.synchronize()
+        assert calls[0] == 3
+        assert _rel(out, ref_kc) <= BOUND and _rel(pool, ref_kc_pool) <= BOUND
+        small = _k64(kw)
+        ref64, _ = _reference(small)
+        out64, _ = fla_fwd(**small)
+        torch.cuda.synchronize()
+        assert calls[0] == 3  # fla's own kernel
+        assert _rel(out64, ref64) <= BOUND
 
 
 def test_launch_options_force_each_kernel(cuda_sm90, decode_kernel):

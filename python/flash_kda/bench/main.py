@@ -163,7 +163,10 @@ def keep_record_decode(results: dict, path) -> dict:
         return results
     if not isinstance(record, dict) or not record.get("decode"):
         return results
-    return report.merge_decode(results, {"decode": record["decode"], **record.get("decode_run", {})})
+    # A record of the decode table alone has its run's metadata at the top level.
+    run = record.get("decode_run") or {key: record[key] for key in ("meta", "copy_bandwidth", "settings", "planned_decode")
+                                       if key in record}
+    return report.merge_decode(results, {"decode": record["decode"], **run})
 
 
 def write_decode_record(results: dict, root, written: list) -> None:

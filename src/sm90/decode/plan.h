@@ -134,9 +134,10 @@ inline constexpr int kKFirstRowsKeyWarps = 4;
 /// element for `heads` = N * HV sequence-heads on `sms` SMs: fp32 pools and bf16 pools with one
 /// token a sequence (the packed form) always; bf16 pools with more tokens (the split form: half
 /// of a lane's 64 fp32 state elements in its shared-memory words) from a grid of half the SMs
-/// (2 blocks a head, so 4 * heads >= sms). Below that the warp-column form's 8-16x more,
-/// smaller blocks spread the few heads wider: on the H200 (docs/notes/2026-12-01_breadth-and-
-/// decode.md, "Second night") the split form took 0.67-0.93x of the warp columns' time at every
+/// (2 blocks a head, so 4 * heads >= sms). Below that the warp-column form's 8x as many,
+/// smaller blocks (16 one-warp blocks a head against 2 of 4 warps) spread the few heads wider: on
+/// the H200 (docs/notes/2026-12-02_strided-and-split-rows.md, "Decode: the split row blocks
+/// against the warp columns") the split form took 0.67-0.93x of the warp columns' time at every
 /// point from 64 sequence-heads up (T = 2, 4; 32 points) and 1.03-1.68x at the 8 of 32 or fewer.
 constexpr bool kfirst_rows_serves(int state_bytes, bool one_token, int64_t heads, int64_t sms) {
   return state_bytes != 2 || one_token || 4 * heads >= sms;
