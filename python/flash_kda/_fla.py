@@ -82,9 +82,9 @@ def _reject(reason: str) -> tuple[bool, str]:
 #: "Decode": the whole sweep, N = 1 to 1024 sequences x 4 to 96 heads x T = 1, 2, 4, both pool
 #: dtypes and layouts, 336 points, fla in the same run): every point but two ties at 1 x 96
 #: heads (v-first bf16 T = 1, k-first bf16 T = 2), so the default scope is every call flash_kda
-#: can serve. The k-first bf16 pools with more than one token and 33 to 131 sequence-heads,
-#: where the warp-column form was slower, run in the row blocks' split form (plan.h,
-#: kfirst_rows_serves).
+#: can serve. k-first bf16 pools with more than one token owe it to the row blocks' split form
+#: from 33 sequence-heads (plan.h, kfirst_rows_serves), where the warp columns' narrow tiles are
+#: slower than fla's kernel.
 FASTER_THAN_FLA = "every call flash_kda serves"
 
 

@@ -34,6 +34,13 @@ STATE_LAYOUTS = ("v_first", "k_first")
 ENTRIES = ("fwd", "chunk_kda")
 
 
+def is_flashkda_configuration(gate: str, state_layout: str, state_dtypes: tuple | None, strided: bool) -> bool:
+    """FlashKDA's own configuration, whichever entry point runs it: the safe gate, v-first
+    states, one state dtype (state_dtypes None; else the (initial, final) pair), contiguous
+    inputs (not strided)."""
+    return gate == "safe" and state_layout == "v_first" and state_dtypes is None and not strided
+
+
 @dataclass(frozen=True)
 class Case:
     """One benchmark shape.
@@ -81,8 +88,8 @@ class Case:
     def flashkda_configuration(self) -> bool:
         """True for FlashKDA's own configuration (safe gate, v-first, one state dtype,
         contiguous inputs), whichever entry point runs it."""
-        return (self.gate == "safe" and self.state_layout == "v_first" and self.final_state_dtype == self.state
-                and not self.strided)
+        dtypes = None if self.final_state_dtype == self.state else (self.state, self.final_state_dtype)
+        return is_flashkda_configuration(self.gate, self.state_layout, dtypes, self.strided)
 
     @property
     def plain(self) -> bool:

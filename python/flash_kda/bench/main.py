@@ -164,8 +164,7 @@ def keep_record_decode(results: dict, path) -> dict:
     if not isinstance(record, dict) or not record.get("decode"):
         return results
     # A record of the decode table alone has its run's metadata at the top level.
-    run = record.get("decode_run") or {key: record[key] for key in ("meta", "copy_bandwidth", "settings", "planned_decode")
-                                       if key in record}
+    run = record.get("decode_run") or {key: record[key] for key in report.DECODE_RUN_KEYS if key in record}
     return report.merge_decode(results, {"decode": record["decode"], **run})
 
 

@@ -24,6 +24,7 @@ import math
 from pathlib import Path
 
 from . import check
+from .cases import is_flashkda_configuration
 from .decode import GRAPH_CALLS
 
 COLUMNS = [
@@ -53,11 +54,6 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def _flashkda_configuration(gate: str, layout: str, dtypes: tuple | None, strided: bool) -> bool:
-    """Safe gate, v-first, one state dtype, contiguous inputs, whichever entry point runs it."""
-    return gate == "safe" and layout == "v_first" and dtypes is None and not strided
-
-
 def variant_of(c: dict) -> tuple:
     """(gate, state_layout, (initial dtype, final dtype) or None when they agree, strided,
     entry) of a case dict: what separates the report's sections (one state dtype for both
@@ -69,7 +65,7 @@ def variant_of(c: dict) -> tuple:
     out = state if state == "none" or c.get("state_out") is None else c["state_out"]
     gate, layout, dtypes = c.get("gate", "safe"), c.get("state_layout", "v_first"), (state, out) if out != state else None
     strided = bool(c.get("strided", False))
-    entry = c.get("entry", "fwd") if _flashkda_configuration(gate, layout, dtypes, strided) else "chunk_kda"
+    entry = c.get("entry", "fwd") if is_flashkda_configuration(gate, layout, dtypes, strided) else "chunk_kda"
     return (gate, layout, dtypes, strided, entry)
 
 
@@ -77,7 +73,7 @@ def is_plain(variant: tuple) -> bool:
     """FlashKDA's configuration through fwd: safe gate, v-first, one state dtype, contiguous
     inputs, flash_kda.fwd (the call of the anchors and of the README's table)."""
     *configuration, entry = variant
-    return _flashkda_configuration(*configuration) and entry == "fwd"
+    return is_flashkda_configuration(*configuration) and entry == "fwd"
 
 
 def variant_label(variant: tuple) -> str:
@@ -90,7 +86,7 @@ def variant_label(variant: tuple) -> str:
         parts.append(f"{dtypes[0]} -> {dtypes[1]} states")
     if strided:
         parts.append("strided q/k/v (views of a fused projection)")
-    if entry != "fwd" and _flashkda_configuration(gate, layout, dtypes, strided):
+    if entry != "fwd" and is_flashkda_configuration(gate, layout, dtypes, strided):
         parts.append(f"through {entry}")
     return ", ".join(parts)
 
@@ -582,12 +578,15 @@ def decode_markdown(results: dict) -> list[str]:
     return md
 
 
+#: A decode run's own metadata, kept as the record's `decode_run` beside the forward run's.
+DECODE_RUN_KEYS = ("meta", "copy_bandwidth", "settings", "planned_decode")
+
+
 def merge_decode(record: dict, decode_results: dict) -> dict:
     """The record with the decode run's points as its top-level `decode` list and the decode
     run's meta, copy bandwidth and settings as `decode_run`; the forward `cases` are kept."""
     merged = dict(record)
     merged.setdefault("cases", [])
     merged["decode"] = decode_results.get("decode", [])
-    merged["decode_run"] = {key: decode_results[key] for key in ("meta", "copy_bandwidth", "settings", "planned_decode")
-                            if key in decode_results}
+    merged["decode_run"] = {key: decode_results[key] for key in DECODE_RUN_KEYS if key in decode_results}
     return merged

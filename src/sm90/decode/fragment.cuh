@@ -1,6 +1,6 @@
 // The per-lane state fragment of the sm_90a persistent decode kernel and the warp reductions
 // over K that it needs (decode.cu's header comment says why this split), and the 16-byte
-// vectors of the pool's dtype every decode kernel loads and stores (and the direct kernels'
+// vectors of the pool's dtype every decode kernel loads and stores (and the k-first row blocks'
 // split fp32 state, half in shared memory). Device code, included by decode.cu, direct_warp.cu
 // and kfirst_rows.cu.
 #pragma once
@@ -44,10 +44,10 @@ __device__ __forceinline__ uint4 pack_vec(const float (&v)[16 / sizeof(PoolT)]) 
     return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
 }
 
-/// A lane's NR state vectors in fp32 for the direct kernels' split forms: vectors 0 .. NF - 1
-/// in the caller's registers (f), NF .. NR - 1 in the lane's own 16-byte words of the block's
-/// dynamic shared memory, word j of vector c at ((c - NF) * E / 4 + j) * stride from the lane's
-/// first (stride: the block's threads, or a warp's 32 lanes within its own region), so that the
+/// A lane's NR state vectors in fp32 for the k-first row blocks' split form (kfirst_rows.cu):
+/// vectors 0 .. NF - 1 in the caller's registers (f), NF .. NR - 1 in the lane's own 16-byte
+/// words of the block's dynamic shared memory, word j of vector c at ((c - NF) * E / 4 + j) *
+/// stride from the lane's first (stride: the block's threads), so that the
 /// 32 words of one warp access are contiguous (no bank conflict) and no lane reads a word
 /// another wrote (no barrier). With NF = NR every vector is in registers and no word is used.
 template <typename PoolT, int NR, int NF>

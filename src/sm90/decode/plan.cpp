@@ -36,12 +36,15 @@ void direct_launch(DecodePlan& plan, int smem) {
   plan.launch.dependent = true;  // the kernels' first step is the programmatic wait
 }
 
+// Fixed length with one token a sequence (the direct kernels' one-token forms).
+bool one_token_of(const ProblemShape& p) { return !p.varlen && p.seqlen == 1; }
+
 // k-first row blocks (plan.h): the block is the form's, one per item.
 DecodePlan kfirst_rows_plan(const ProblemShape& p, int state_bytes) {
   DecodePlan plan;
   plan.kernel = DecodeKernel::Direct;
   plan.kfirst_rows = true;
-  plan.one_token = !p.varlen && p.seqlen == 1;
+  plan.one_token = one_token_of(p);
   plan.warps = kKFirstRowsKeyWarps;
   plan.block_cols = kfirst_rows_cols(state_bytes);
   plan.warp_tile = plan.block_cols;
@@ -56,7 +59,7 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   DecodePlan plan;
   plan.kernel = DecodeKernel::Direct;
   const int64_t heads = p.num_seqs * p.value_heads;
-  plan.one_token = !p.varlen && p.seqlen == 1;
+  plan.one_token = one_token_of(p);
   // Each warp runs its tile alone: the split only spreads the warps over the SMs.
   plan.wide = state_bytes == 2 && heads * (kDecodeHeadDim / (2 * kDirectWarpTile)) >= kDirectWideMinWarpsPerSm * sms;
   plan.warp_tile = direct_warp_tile(state_bytes, plan.wide);
@@ -79,10 +82,9 @@ DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, in
   // them (kfirst_rows_serves) unless DirectColumns asks for the warp-column form; DirectRows
   // puts every k-first pool in row blocks.
   if (kernel != DecodeKernel::Persistent) {
-    const bool one_token = !p.varlen && p.seqlen == 1;
     const bool rows = kernel == DecodeKernel::DirectRows ||
                       (kernel != DecodeKernel::DirectColumns &&
-                       kfirst_rows_serves(state_bytes, one_token, p.num_seqs * p.value_heads, sms));
+                       kfirst_rows_serves(state_bytes, one_token_of(p), p.num_seqs * p.value_heads, sms));
     if (layout == StateLayout::KFirst && rows) return kfirst_rows_plan(p, state_bytes);
     return direct_plan(p, sms, state_bytes);
   }

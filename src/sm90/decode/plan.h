@@ -197,9 +197,8 @@ struct DecodePlan {
 /// of kKFirstRowsKeyWarps warps over kfirst_rows_cols columns, one block per item (4 or 2 items
 /// a head; the split form's 20.6 KB of shared memory for bf16 pools with more tokens); the other
 /// bf16 pools, and DirectColumns: the warp-column form as for v-first (which DirectColumns leaves
-/// as Direct plans it). DirectRows: every k-first pool in row blocks (bf16 pools with more
-/// tokens in the split form, 20.6 KB of shared memory a block), v-first as Direct. plan.kernel
-/// is Direct for all of them.
+/// as Direct plans it). DirectRows: every k-first pool in row blocks, v-first as Direct.
+/// plan.kernel is Direct for all of them.
 /// Every direct launch is the programmatic dependent of the kernel before it on the stream
 /// (launch.dependent): a decode step is a few microseconds of work at small batches, about as
 /// long as a kernel's launch, and its blocks' launch and setup then overlap the previous
