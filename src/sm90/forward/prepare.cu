@@ -807,7 +807,7 @@ cudaError_t launch_form(const PrepareParams& p, const KernelLaunch& k, uint64_t 
 }
 
 // Every gate has the General and Flat forms; Dense is FlashKDA's call, the safe gate's alone
-// (prepare_row_form picks it only there).
+// (prepare_row_form picks it only there; dense inputs are flat, so Flat would serve them too).
 template <GateMode kGate>
 cudaError_t launch_gate(const PrepareParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
   if constexpr (kGate == GateMode::SafeSigmoid)
