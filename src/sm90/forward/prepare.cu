@@ -296,8 +296,8 @@ inline constexpr int kPrepareBlocksPerSm = kGate == GateMode::SafeSigmoid ? 7 : 
 // kGate: the gate mode (the safe gate's instantiations compile to its bounded form alone).
 // kRows: how q, k, g and beta are addressed (PrepareParams::row_form, chosen by
 // prepare_row_form in plan.cpp). General: RowLayout::offset, any batch stride. Flat: the batch
-// folded into the flat token (RowLayout::flattened): the batch term and the per-block local
-// token are gone, which keeps the safe gate's general addressing from spilling at 72 registers.
+// folded into the flat token (RowLayout::flattened): without the batch term and the per-block
+// local token the safe gate fits 72 registers with no spill (General: 7 spill pairs, bf16 g).
 // Dense: FlashKDA's own call (safe gate only): its dense rows and its flags are constants here,
 // so the call costs no instruction of the other modes.
 template <bool kGF32, GateMode kGate, RowForm kRows>
@@ -344,7 +344,8 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   const RowLayout k_rows = rows(p.k_rows, p.heads, 2 * kHeadDim);
   const RowLayout g_rows = rows(p.g_rows, p.value_heads, (kGF32 ? 4 : 2) * kHeadDim);
   const RowLayout beta_rows = rows(p.beta_rows, p.value_heads, p.beta_is_f32 ? 4 : 2);
-  const uint32_t tl = static_cast<uint32_t>(kRows != RowForm::General || p.q_rows.seq_tokens == 0 ? t0 : chunk * kChunk);
+  const uint32_t tl =
+      static_cast<uint32_t>(kRows != RowForm::General || p.q_rows.seq_tokens == 0 ? t0 : chunk * kChunk);
   const uint32_t n32 = static_cast<uint32_t>(n);
   stage_rows<__nv_bfloat16>(sm.in.q, p.q, q_rows, n32, tl, valid, h, c);
   stage_rows<__nv_bfloat16>(sm.in.k, p.k, k_rows, n32, tl, valid, h, c);
