@@ -6,7 +6,8 @@
 // token; pre-gated decays in [-1, 0], [-50, 0] and [-1e4, 0]) x beta activations (sigmoid,
 // 2 sigmoid, as given) x L2 norm on/off x fixed length / varlen with empty sequences and GVA x bf16
 // / fp32 g. Also: q, k, g and beta read through strided views (a fused [B, T, 3, H, K]
-// projection, slices of longer buffers) equal to the contiguous call bit for bit.
+// projection, slices of longer buffers) equal to the contiguous call bit for bit, and each of
+// the prepare kernel's row forms (General, Flat, Dense) equal to the others.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -275,6 +276,88 @@ TEST(ForwardStridedGpu, FusedProjectionAndSlicesEqualTheContiguousCall) {
     EXPECT_EQ(std::memcmp(s_str.data(), s_ref.data(), s_ref.size() * sizeof(double)), 0) << int(mode);
     for (double x : o_ref) ASSERT_TRUE(std::isfinite(x));  // both calls ran (out was not left as is)
   }
+}
+
+
+// ---- The prepare kernel's row forms (row_layout.h: General, Flat, Dense) give the same bits.
+//
+// One call per gate (FlashKDA's safe call, the safe gate without dt_bias, softplus, pre-gated),
+// bf16 and fp32 g, fixed length (B = 2 and B = 1) and varlen with an empty sequence and GVA,
+// run with three sets of the same inputs: contiguous, views of fused projections (q, k slots of
+// [B, T, 3, H, K], g of [B, T, 2, HV, K], beta of [B, T, 2, HV]) and the same views over
+// buffers of more tokens a sequence. prepare_form says which form each takes (checked: each
+// form is run where the inputs allow it); out and final_state must match bit for bit.
+struct FormCase {
+  const char* name;
+  GateMode gate;
+  bool with_dt_bias;
+};
+
+TEST(ForwardRowFormsGpu, EveryFormGivesTheSameBits) {
+  const std::string why = flash_kda::testing::gpu_skip_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  using flash_kda::sm90::RowForm;
+  using flash_kda::sm90::prepare_form;
+  enum class Shape { FixedB2, FixedB1, Varlen };
+  for (const FormCase& fc : {FormCase{"safe", GateMode::SafeSigmoid, true},
+                             FormCase{"safe_nobias", GateMode::SafeSigmoid, false},
+                             FormCase{"softplus", GateMode::Softplus, true},
+                             FormCase{"pregated", GateMode::PreGated, false}})
+    for (Shape shape : {Shape::FixedB2, Shape::FixedB1, Shape::Varlen})
+      for (bool g_f32 : {false, true}) {
+        const char* shape_name = shape == Shape::Varlen ? " varlen" : shape == Shape::FixedB1 ? " B=1" : " B=2";
+        const std::string what = std::string(fc.name) + shape_name + (g_f32 ? " g fp32" : " g bf16");
+        KdaConfig cfg;
+        cfg.head_dim_k = cfg.head_dim_v = 128;
+        cfg.input_dtype = DType::BF16;
+        cfg.out_dtype = DType::BF16;
+        if (shape == Shape::Varlen) {
+          cfg.seqlens = {37, 0, 1, 20};
+          cfg.heads = 1;
+          cfg.value_heads = 2;
+        } else {
+          cfg.batch = shape == Shape::FixedB1 ? 1 : 2;
+          cfg.seqlen = 37;
+          cfg.heads = 2;
+          cfg.value_heads = 4;
+        }
+        cfg.gate = fc.gate;
+        cfg.with_dt_bias = fc.with_dt_bias;
+        cfg.seed = std::hash<std::string>{}(what);
+        KdaProblem prob = make_random_problem(cfg);
+        if (g_f32) prob.g = to_f32(prob.g);
+        flash_kda::ForwardArgs a = prob.args();
+        DeviceTensor q(prob.q), k(prob.k), v(prob.v), g(prob.g), beta(prob.beta), A_log(prob.A_log),
+            dt_bias(prob.dt_bias), cu(prob.cu_seqlens), h0(prob.initial_state), ht(prob.final_state), out(prob.out);
+        flash_kda::testing::set_views(a, q, k, v, g, beta, out, A_log, dt_bias, cu, h0, ht);
+        const flash_kda::ProblemShape p = flash_kda::validate(a, flash_kda::Target::Sm90);
+        const bool flashkda = fc.gate == GateMode::SafeSigmoid && fc.with_dt_bias;
+        EXPECT_EQ(prepare_form(a, p), flashkda ? RowForm::Dense : RowForm::Flat) << what << ": contiguous";
+        std::vector<double> o_ref, s_ref;
+        run_and_download(a, p, out, ht, o_ref, s_ref);
+        for (double x : o_ref) ASSERT_TRUE(std::isfinite(x)) << what;  // the call ran (out was poisoned)
+
+        // pad: extra tokens a sequence in every buffer (0: views of fused projections).
+        for (int64_t pad : {0, 5}) {
+          StridedCopy qs = strided_copy(prob.q, 3, 0, pad), ks = strided_copy(prob.k, 3, 1, pad);
+          StridedCopy gs = strided_copy(prob.g, 2, 0, pad), bs = strided_copy(prob.beta, 2, 1, pad);
+          DeviceTensor qd(qs.buffer), kd(ks.buffer), gd(gs.buffer), bd(bs.buffer);
+          flash_kda::ForwardArgs as = a;
+          as.q = qd.on_device(qs.view);
+          as.k = kd.on_device(ks.view);
+          as.g = gd.on_device(gs.view);
+          as.beta = bd.on_device(bs.view);
+          // Varlen and a batch of one fold any such view; two sequences T + 5 tokens apart do not.
+          const RowForm want = pad > 0 && shape == Shape::FixedB2 ? RowForm::General : RowForm::Flat;
+          const std::string view_what = what + (pad > 0 ? ": views of longer buffers" : ": fused projections");
+          EXPECT_EQ(prepare_form(as, p), want) << view_what;
+          std::vector<double> o, st;
+          run_and_download(as, p, out, ht, o, st);
+          ASSERT_EQ(o.size(), o_ref.size());
+          EXPECT_EQ(std::memcmp(o.data(), o_ref.data(), o_ref.size() * sizeof(double)), 0) << view_what << ": out";
+          EXPECT_EQ(std::memcmp(st.data(), s_ref.data(), s_ref.size() * sizeof(double)), 0) << view_what << ": state";
+        }
+      }
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 """flash_kda.fwd on strided views, read and written in place: q, k, v as slices of one fused
 projection ``qkv = x.view(B, T, 3, H, K)`` (token stride 3*H*K), g as ``buf[:, 3:3 + T]`` of a
-longer buffer, beta as ``buf[..., :HV]`` of a wider one, out as ``buf[:, :T]`` of a longer one.
+longer buffer or as a slot of a fused ``[B, T, 2, HV, K]`` one, beta as ``buf[..., :HV]`` of a
+wider one, out as ``buf[:, :T]`` of a longer one. The two g views take the prepare kernel's two
+strided row forms on fixed length (src/sm90/common/row_layout.h): the longer buffer's sequences
+are T + 6 tokens apart (General), the fused one's batch folds into the token index (Flat).
 Each must give the contiguous call's bits exactly (the same function; only addresses differ),
 on the window path (small forced windows, carried state) and the segment-parallel path, fixed
 length and varlen; rows of the buffers outside the views stay untouched.
@@ -25,6 +28,23 @@ CASES = [
 PATHS = {"plan": None, "windows3": LaunchOptions(window_slots=3), "segments3": LaunchOptions(segments=3)}
 
 
+def _g_view(g, kind):
+    """g ([B, T, HV, K]) as a view: of a buffer of T + 6 tokens a sequence ("longer"), or slot 1
+    of a fused [B, T, 2, HV, K] buffer ("fused"); the rest of either buffer is NaN."""
+    import torch
+
+    B, T, HV, K = g.shape
+    if kind == "longer":
+        buf = torch.full((B, T + 6, HV, K), float("nan"), dtype=g.dtype, device=g.device)
+        buf[:, 3:3 + T] = g
+        return buf[:, 3:3 + T]
+    buf = torch.full((B, T, 2, HV, K), float("nan"), dtype=g.dtype, device=g.device)
+    buf[:, :, 1] = g
+    view = buf[:, :, 1]
+    assert view.stride(0) == T * view.stride(1) and not view.is_contiguous()
+    return view
+
+
 def _fwd(x, q, k, v, g, beta, out, final_state, options):
     import flash_kda
 
@@ -33,9 +53,10 @@ def _fwd(x, q, k, v, g, beta, out, final_state, options):
                   launch_options=options)
 
 
+@pytest.mark.parametrize("g_view", ["longer", "fused"])
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_strided_views_equal_contiguous(case, path):
+def test_strided_views_equal_contiguous(case, path, g_view):
     import torch
 
     x = make_inputs(case)
@@ -49,20 +70,18 @@ def test_strided_views_equal_contiguous(case, path):
     qkv = torch.stack([x.q, x.k, x.v], dim=2)  # [B, T, 3, H, K], one buffer
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     assert q.stride(1) == 3 * H * K and not q.is_contiguous()
-    g_buf = torch.full((B, T + 6, HV, K), float("nan"), dtype=x.g.dtype, device=x.g.device)
-    g_buf[:, 3:3 + T] = x.g
     beta_buf = torch.full((B, T, HV + 8), float("nan"), dtype=x.beta.dtype, device=x.beta.device)
     beta_buf[..., :HV] = x.beta
     out_buf = torch.full((B, T + 5, HV, K), -7.0, dtype=out.dtype, device=out.device)
     out_view = out_buf[:, :T]
     final2 = None if final_state is None else torch.full_like(final_state, float("nan"))
-    _fwd(x, q, k, v, g_buf[:, 3:3 + T], beta_buf[..., :HV], out_view, final2, options)
+    _fwd(x, q, k, v, _g_view(x.g, g_view), beta_buf[..., :HV], out_view, final2, options)
     torch.cuda.synchronize()
 
-    assert torch.equal(out_view, out), f"{case.name} {path}: strided out differs from the contiguous call"
+    assert torch.equal(out_view, out), f"{case.name} {path} g {g_view}: strided out differs from the contiguous call"
     assert (out_buf[:, T:] == -7.0).all(), "a row past the out view was written"
     if final_state is not None:
-        assert torch.equal(final2, final_state), f"{case.name} {path}: final_state differs"
+        assert torch.equal(final2, final_state), f"{case.name} {path} g {g_view}: final_state differs"
 
 
 @pytest.mark.parametrize("path", list(PATHS))

@@ -30,10 +30,20 @@ struct RowLayout {
     return n * seq_stride + (t - n * seq_tokens) * token_stride + h * head_stride;
   }
 
+  /// Whether the batch folds into the token index: batch entries T token strides apart (views of
+  /// a fused projection, slices of the head axis or of a wider row, contiguous tensors; always
+  /// for varlen, where both are 0). Then the row of flat token t, head h is at t * token_stride +
+  /// h * head_stride whatever n (flattened()).
+  FKDA_ROW_FN bool flat() const { return seq_stride == seq_tokens * token_stride; }
+
+  /// These strides addressed by the flat token alone (sequence stride 0), for kernels
+  /// specialised to flat inputs (flat()): the batch term drops out of their addressing.
+  FKDA_ROW_FN RowLayout flattened() const { return RowLayout{0, 0, token_stride, head_stride}; }
+
   /// Whether these are the strides of a contiguous tensor of `heads` rows of `row_bytes` a
   /// token: then the row of flat token t, head h is at (t * heads + h) * row_bytes whatever n.
   FKDA_ROW_FN bool dense(int64_t heads, int64_t row_bytes) const {
-    return head_stride == row_bytes && token_stride == heads * row_bytes && seq_stride == seq_tokens * token_stride;
+    return head_stride == row_bytes && token_stride == heads * row_bytes && flat();
   }
 
   /// The layout of a contiguous tensor of `heads` rows of `row_bytes` a token, addressed by the
@@ -43,6 +53,12 @@ struct RowLayout {
     return RowLayout{0, 0, heads * row_bytes, row_bytes};
   }
 };
+
+/// How a kernel specialised on its inputs' addressing reads their rows, one instantiation each
+/// (the prepare kernel's third template argument): General through RowLayout::offset (any batch
+/// stride), Flat through flattened() (every input flat()), Dense through dense_of() (every input
+/// dense(): constant strides).
+enum class RowForm { General, Flat, Dense };
 
 }  // namespace flash_kda::sm90
 

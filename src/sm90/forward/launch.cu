@@ -21,14 +21,45 @@ namespace {
 RowLayout row_layout(const TensorView& t, const ProblemShape& p) {
   const int64_t es = dtype_size(t.dtype);
   RowLayout r;
-  r.seq_stride = p.varlen ? 0 : t.strides[0] * es;
-  r.seq_tokens = p.varlen ? 0 : p.seqlen;
   r.token_stride = t.strides[1] * es;
+  // A batch of one has no second entry: its stride is taken as T tokens, so that the layout is
+  // flat() (and dense() when contiguous) whatever the view's outer stride.
+  r.seq_stride = p.varlen ? 0 : p.batch == 1 ? p.seqlen * r.token_stride : t.strides[0] * es;
+  r.seq_tokens = p.varlen ? 0 : p.seqlen;
   r.head_stride = t.strides[2] * es;
   return r;
 }
 
+// Stage 1's parameter block for a validated call, all but the sequence index and the window
+// (seqs, records, slot_begin, slot_end), with the row form of its inputs.
+PrepareParams prepare_params(const ForwardArgs& a, const ProblemShape& p) {
+  PrepareParams pp{};
+  pp.q = a.q.data; pp.k = a.k.data; pp.g = a.g.data; pp.beta = a.beta.data;
+  pp.q_rows = row_layout(a.q, p);
+  pp.k_rows = row_layout(a.k, p);
+  pp.g_rows = row_layout(a.g, p);
+  pp.beta_rows = row_layout(a.beta, p);
+  // Absent A_log: decay rate 1; absent dt_bias: zero bias (validate.cpp; PreGated takes neither).
+  pp.A_log = a.A_log.defined() ? static_cast<const float*>(a.A_log.data) : nullptr;
+  pp.dt_bias = a.dt_bias.defined() ? static_cast<const float*>(a.dt_bias.data) : nullptr;
+  pp.gate = a.gate;
+  pp.g_is_f32 = a.g.dtype == DType::F32;
+  pp.beta_is_f32 = a.beta.dtype == DType::F32;
+  pp.l2norm = a.use_qk_l2norm;
+  pp.beta_sigmoid = a.use_beta_sigmoid;
+  pp.beta_mul = a.allow_neg_eigval ? 2.f : 1.f;
+  pp.heads = static_cast<int>(p.heads);
+  pp.value_heads = static_cast<int>(p.value_heads);
+  pp.group = static_cast<int>(p.value_heads / p.heads);
+  pp.scale = static_cast<float>(p.scale);
+  pp.lower_bound = static_cast<float>(a.lower_bound);
+  pp.row_form = prepare_row_form(pp);
+  return pp;
+}
+
 }  // namespace
+
+RowForm prepare_form(const ForwardArgs& args, const ProblemShape& p) { return prepare_params(args, p).row_form; }
 
 size_t workspace_bytes(const ProblemShape& p, const LaunchOptions& options) {
   return workspace_layout(p, options).total;
@@ -72,32 +103,8 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
   seqs.num_seqs = p.num_seqs;
   seqs.total_tokens = p.batch * p.seqlen;
 
-  PrepareParams pp{};
-  pp.q = a.q.data; pp.k = a.k.data; pp.g = a.g.data; pp.beta = a.beta.data;
-  pp.q_rows = row_layout(a.q, p);
-  pp.k_rows = row_layout(a.k, p);
-  pp.g_rows = row_layout(a.g, p);
-  pp.beta_rows = row_layout(a.beta, p);
-  // Absent A_log: decay rate 1; absent dt_bias: zero bias (validate.cpp; PreGated takes neither).
-  pp.A_log = a.A_log.defined() ? static_cast<const float*>(a.A_log.data) : nullptr;
-  pp.dt_bias = a.dt_bias.defined() ? static_cast<const float*>(a.dt_bias.data) : nullptr;
-  pp.gate = a.gate;
-  pp.g_is_f32 = a.g.dtype == DType::F32;
-  pp.beta_is_f32 = a.beta.dtype == DType::F32;
-  pp.l2norm = a.use_qk_l2norm;
-  pp.beta_sigmoid = a.use_beta_sigmoid;
-  pp.beta_mul = a.allow_neg_eigval ? 2.f : 1.f;
-  pp.flashkda_call = a.gate == GateMode::SafeSigmoid && pp.A_log != nullptr && pp.dt_bias != nullptr && pp.l2norm &&
-                     pp.beta_sigmoid && !a.allow_neg_eigval && pp.q_rows.dense(p.heads, 2 * kHeadDim) &&
-                     pp.k_rows.dense(p.heads, 2 * kHeadDim) &&
-                     pp.g_rows.dense(p.value_heads, (pp.g_is_f32 ? 4 : 2) * kHeadDim) &&
-                     pp.beta_rows.dense(p.value_heads, pp.beta_is_f32 ? 4 : 2);
+  PrepareParams pp = prepare_params(a, p);
   pp.seqs = seqs;
-  pp.heads = static_cast<int>(p.heads);
-  pp.value_heads = static_cast<int>(p.value_heads);
-  pp.group = static_cast<int>(p.value_heads / p.heads);
-  pp.scale = static_cast<float>(p.scale);
-  pp.lower_bound = static_cast<float>(a.lower_bound);
   pp.records = records;
 
   // The states: each its own dtype; with ssm_state_indices, pools of P slots (validated: the

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "flash_kda/forward.h"
+#include "sm90/common/row_layout.h"
 
 namespace flash_kda::sm90 {
 
@@ -21,5 +22,9 @@ size_t workspace_bytes(const ProblemShape& p, const LaunchOptions& options);
 /// context of `stream`, CudaError on a failed CUDA call.
 void launch_forward(const ForwardArgs& args, const ProblemShape& p, const LaunchOptions& options, void* workspace,
                     size_t have, const WorkspaceAllocator* allocate, Stream stream);
+
+/// The row form the prepare kernel takes for a call validated for Target::Sm90 (plan.h,
+/// prepare_row_form): tests check with it that their inputs select the form they mean to run.
+RowForm prepare_form(const ForwardArgs& args, const ProblemShape& p);
 
 }  // namespace flash_kda::sm90

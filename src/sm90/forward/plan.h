@@ -24,6 +24,7 @@
 #include "flash_kda/forward.h"
 #include "sm90/common/device_props.h"
 #include "sm90/common/kernel_launch.h"
+#include "sm90/common/row_layout.h"
 
 namespace flash_kda::sm90 {
 
@@ -92,6 +93,13 @@ void validate_options(const LaunchOptions& options);
 /// Checks options.num_sms <= device.num_sms (the SMs of the stream's context). Throws
 /// Error("launch_options.num_sms", ...).
 void validate_device_options(const LaunchOptions& options, const DeviceProps& device);
+
+struct PrepareParams;
+/// The prepare kernel's row form for a call whose parameter block `p` is filled but for
+/// row_form: Dense for FlashKDA's own call (the safe gate with A_log and dt_bias, the L2 norm,
+/// b = sigmoid(beta) and every input dense), else Flat when every input is flat()
+/// (row_layout.h: varlen, contiguous tensors, views of a fused projection), else General.
+RowForm prepare_row_form(const PrepareParams& p);
 
 struct WorkspaceLayout;
 /// The plan for a validated problem and validated options, within the workspace `at`

@@ -294,10 +294,15 @@ inline constexpr int kPrepareBlocksPerSm = kGate == GateMode::SafeSigmoid ? 7 : 
 // (h4_fixed_1024: 9.3 against 7.3 us) for the same time on the large ones (docs/performance.md).
 // kGF32: g is fp32 (else bf16), a template parameter so that the gate's loads have one path;
 // kGate: the gate mode (the safe gate's instantiations compile to its bounded form alone).
-// kFlashKDA: FlashKDA's own call (PrepareParams::flashkda_call, safe gate only): its flags and
-// its dense rows are constants here, so the call costs no instruction of the other modes.
-template <bool kGF32, GateMode kGate, bool kFlashKDA = false>
+// kRows: how q, k, g and beta are addressed (PrepareParams::row_form, chosen by
+// prepare_row_form in plan.cpp). General: RowLayout::offset, any batch stride. Flat: the batch
+// folded into the flat token (RowLayout::flattened): without the batch term and the per-block
+// local token the safe gate fits 72 registers with no spill (General: 7 spill pairs, bf16 g).
+// Dense: FlashKDA's own call (safe gate only): its dense rows and its flags are constants here,
+// so the call costs no instruction of the other modes.
+template <bool kGF32, GateMode kGate, RowForm kRows>
 __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_kernel(const PrepareParams p) {
+  constexpr bool kFlashKDA = kRows == RowForm::Dense;
   static_assert(!kFlashKDA || kGate == GateMode::SafeSigmoid, "FlashKDA's call is the safe gate's");
   __shared__ __align__(16) Smem sm;
   // The state pass is this kernel's programmatic dependent launch (plan.cpp): once every block
@@ -329,13 +334,18 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   // chunk decay untouched, so the recurrence needs no masks.
   // The chunk's first token, local to its sequence (row_offset): chunk * 16 for fixed length,
   // the flat token t0 for varlen (seq_tokens = 0).
-  // FlashKDA's call: dense rows by the flat token t0 (RowLayout::dense_of), whose constant
-  // strides fold into the addressing.
-  const RowLayout q_rows = kFlashKDA ? RowLayout::dense_of(p.heads, 2 * kHeadDim) : p.q_rows;
-  const RowLayout k_rows = kFlashKDA ? RowLayout::dense_of(p.heads, 2 * kHeadDim) : p.k_rows;
-  const RowLayout g_rows = kFlashKDA ? RowLayout::dense_of(p.value_heads, (kGF32 ? 4 : 2) * kHeadDim) : p.g_rows;
-  const RowLayout beta_rows = kFlashKDA ? RowLayout::dense_of(p.value_heads, p.beta_is_f32 ? 4 : 2) : p.beta_rows;
-  const uint32_t tl = static_cast<uint32_t>(kFlashKDA || p.q_rows.seq_tokens == 0 ? t0 : chunk * kChunk);
+  // Flat and Dense rows: addressed by the flat token t0 with sequence stride 0
+  // (RowLayout::flattened, dense_of); dense_of's constant strides fold into the addressing.
+  auto rows = [&](const RowLayout& r, int heads, int row_bytes) {
+    return kRows == RowForm::Dense ? RowLayout::dense_of(heads, row_bytes)
+                                   : kRows == RowForm::Flat ? r.flattened() : r;
+  };
+  const RowLayout q_rows = rows(p.q_rows, p.heads, 2 * kHeadDim);
+  const RowLayout k_rows = rows(p.k_rows, p.heads, 2 * kHeadDim);
+  const RowLayout g_rows = rows(p.g_rows, p.value_heads, (kGF32 ? 4 : 2) * kHeadDim);
+  const RowLayout beta_rows = rows(p.beta_rows, p.value_heads, p.beta_is_f32 ? 4 : 2);
+  const uint32_t tl =
+      static_cast<uint32_t>(kRows != RowForm::General || p.q_rows.seq_tokens == 0 ? t0 : chunk * kChunk);
   const uint32_t n32 = static_cast<uint32_t>(n);
   stage_rows<__nv_bfloat16>(sm.in.q, p.q, q_rows, n32, tl, valid, h, c);
   stage_rows<__nv_bfloat16>(sm.in.k, p.k, k_rows, n32, tl, valid, h, c);
@@ -791,10 +801,20 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   }
 }
 
-template <GateMode kGate, bool kFlashKDA = false>
+template <GateMode kGate, RowForm kRows>
+cudaError_t launch_form(const PrepareParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
+  return p.g_is_f32 ? launch_planned<prepare_kernel<true, kGate, kRows>>(k, context_key, p, stream)
+                    : launch_planned<prepare_kernel<false, kGate, kRows>>(k, context_key, p, stream);
+}
+
+// Every gate has the General and Flat forms; Dense is FlashKDA's call, the safe gate's alone
+// (prepare_row_form picks it only there; dense inputs are flat, so Flat would serve them too).
+template <GateMode kGate>
 cudaError_t launch_gate(const PrepareParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
-  return p.g_is_f32 ? launch_planned<prepare_kernel<true, kGate, kFlashKDA>>(k, context_key, p, stream)
-                    : launch_planned<prepare_kernel<false, kGate, kFlashKDA>>(k, context_key, p, stream);
+  if constexpr (kGate == GateMode::SafeSigmoid)
+    if (p.row_form == RowForm::Dense) return launch_form<kGate, RowForm::Dense>(p, k, context_key, stream);
+  return p.row_form == RowForm::General ? launch_form<kGate, RowForm::General>(p, k, context_key, stream)
+                                        : launch_form<kGate, RowForm::Flat>(p, k, context_key, stream);
 }
 
 }  // namespace
@@ -806,8 +826,7 @@ cudaError_t launch_prepare(const PrepareParams& p, const KernelLaunch& k, uint64
     case GateMode::PreGated:
       return launch_gate<GateMode::PreGated>(p, k, context_key, stream);
     default:
-      return p.flashkda_call ? launch_gate<GateMode::SafeSigmoid, true>(p, k, context_key, stream)
-                             : launch_gate<GateMode::SafeSigmoid>(p, k, context_key, stream);
+      return launch_gate<GateMode::SafeSigmoid>(p, k, context_key, stream);
   }
 }
 
