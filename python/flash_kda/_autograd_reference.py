@@ -6,8 +6,8 @@ How it evaluates the recurrence (docs/kda-spec.md "Chunked form"): each sequence
 chunks of C tokens; inside a chunk, with G_i the cumulative log decay and S the state at the
 chunk start,
 
-    D_ij = exp(G_i - G_j)  (j <= i, per key channel; the exponent masked to -inf above the
-                            diagonal before exp)
+    D_ij = exp(G_i - G_j)  (j < i, per key channel; the exponent a_{j+1} + ... + a_i summed
+                            directly, masked to -inf elsewhere before exp; D_ii = 1 apart)
     L    = strictly_lower( diag(b) (k D k^T) )      M = lower_incl_diag( scale q D k^T )
     U    = (I + L)^-1 diag(b) (v - (k exp(G)) S)    (torch.linalg.solve_triangular)
     O    = scale (q exp(G)) S + M U
@@ -130,17 +130,22 @@ def _chunk_step(S, q, k, v, a, b, scale: float):
 
     C = q.shape[-2]
     G = a.cumsum(-2)                                        # G_i = a_1 + ... + a_i
-    incl = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    diff = G.unsqueeze(-2) - G.unsqueeze(-3)                # [.., i, j, K]: G_i - G_j
-    D = torch.exp(torch.where(incl[:, :, None], diff, float("-inf")))
+    strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)[:, :, None]
+    # P_ij = a_{j+1} + ... + a_i (i > j; 0 elsewhere), summed directly rather than as G_i - G_j:
+    # no cancellation of large |G|, and a gradient reaches a_t only through the sums holding it
+    # (G_i - G_j would send it +x and -x, whose rounding swamps the true gradient of a
+    # decay of tens of nats a token).
+    P = torch.where(strict, a.unsqueeze(-2), 0.0).cumsum(-3)
+    D = torch.exp(torch.where(strict, P, float("-inf")))   # exp(G_i - G_j), i > j; 0 elsewhere
     kD = D * k.unsqueeze(-3)                                # k_j exp(G_i - G_j)
-    M = torch.einsum("...ic,...ijc->...ij", q, kD) * scale
-    L = (torch.einsum("...ic,...ijc->...ij", k, kD) * b.unsqueeze(-1)).tril(-1)
+    # The diagonal of M (j = i: no decay between write and read) is q_i . k_i, with no gradient to a.
+    M = (torch.einsum("...ic,...ijc->...ij", q, kD) + torch.diag_embed((q * k).sum(-1))) * scale
+    L = torch.einsum("...ic,...ijc->...ij", k, kD) * b.unsqueeze(-1)  # strictly lower
     eG = torch.exp(G)
     R = b.unsqueeze(-1) * (v - (k * eG) @ S)
     U = torch.linalg.solve_triangular(L, R, upper=False, unitriangular=True)  # (I + L)^-1 R
     O = (q * (scale * eG)) @ S + M @ U
-    kr = k * torch.exp(G[..., -1:, :] - G)
+    kr = k * torch.exp(P[..., -1, :, :])                    # k_j exp(G_C - G_j), G_C - G_j = P_Cj
     S_next = eG[..., -1, :].unsqueeze(-1) * S + kr.transpose(-1, -2) @ U
     return O, S_next
 
