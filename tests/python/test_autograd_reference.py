@@ -29,6 +29,16 @@ FWD_TOL = 1e-12   # vs the C++ fp64 reference: two exact evaluations, different 
 GRAD_TOL = 1e-10  # vs the token loop's autograd gradients
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """The tensors here are tiny: torch's intra-op thread pool costs more than it saves (the
+    module took over twice as long with 2 threads on the 2-core development machine). Restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One small chunk_kda call. gate: "safe" (lower_bound -5 with A_log), "safe_no_A" (without
