@@ -13,11 +13,11 @@ chunk start,
     O    = scale (q exp(G)) S + M U
     S'   = diag(exp(G_C)) S + (k exp(G_C - G))^T U
 
-Every exponent is a sum of log decays over a token range that ends where it starts or later, so
-every exp(.) is of a number <= 0: nothing overflows and no gradient is NaN for any decay (an
-exp that underflows to 0 has gradient 0). The pairwise D is what keeps this exact where fla's
-and the kernels' factorisations exp(G_i) exp(-G_j) would overflow (the softplus gate's tens of
-nats a token). Chunks of all sequences and value heads at the same position run as one batch
+Every exponent is a sum of log decays (each a_t <= 0, docs/kda-spec.md) over a range of tokens,
+so every exp(.) is of a number <= 0: nothing overflows and no gradient is NaN for any decay (an
+exp that underflows to 0 has gradient 0). The pairwise D keeps this exact where the chunked
+form's factors exp(G_i) and exp(-G_j) would overflow (the softplus gate's tens of nats a token
+make exp(-G_j) infinite within a chunk). Chunks of all sequences and value heads at the same position run as one batch
 (sequences sorted by length, so the sequences still running are a prefix); each chunk runs
 under torch.utils.checkpoint, so the backward keeps the chunk's inputs and the state at its
 start, and recomputes the chunk's C x C x K intermediates.
