@@ -173,7 +173,7 @@ fi
 #    tables, then the summary table last.
 if [[ -n ${OUT:-} ]]; then
   tar czf "$OUT/gpu-check-logs.tgz" -C "$LOG" . 2>/dev/null
-  for f in accuracy.md chunk-accuracy.md bench/results.json; do
+  for f in accuracy.md chunk-accuracy.md backward-grid.md bench/results.json; do
     [[ -f $LOG/$f ]] && cp "$LOG/$f" "$OUT/"
   done
   RECORD=0
@@ -190,7 +190,7 @@ if [[ -n ${OUT:-} ]]; then
   (cd "$(dirname "$TRITON_CACHE_DIR")" && find "$(basename "$TRITON_CACHE_DIR")" -name '*.autotune.json' -print0 |
     tar czf "$OUT/triton-autotune.tgz" --null -T -) 2>/dev/null
 fi
-for f in accuracy.md chunk-accuracy.md; do
+for f in accuracy.md chunk-accuracy.md backward-grid.md; do
   if [[ -f $LOG/$f ]]; then echo; cat "$LOG/$f"; fi
 done
 STATUS_DUMP=$(for n in "${ORDER[@]}"; do printf '%s\t%s\t%s\n' "$n" "${STATUS[$n]}" "${SECS[$n]}"; done)

@@ -16,11 +16,13 @@ fla.ops.kda.chunk_kda). Public API:
 - :class:`LaunchOptions`: launch choices fwd may be given instead of the plan's.
 - :class:`DecodeLaunchOptions`: which decode kernel fused_recurrent_kda_fwd runs.
 - :func:`reference`: the exact fp64 CPU reference on numpy arrays or torch tensors.
+- :func:`autograd_reference`: the gradient yardstick: the same function in fp64 torch
+  operations on the inputs' device, differentiable by torch.autograd, with chunk_kda's call.
 - :class:`Error`: raised for invalid or unsupported arguments (a ValueError).
 - :func:`cuda_available`, ``__version__``.
 
-The package imports without PyTorch; only :func:`fwd`, :func:`chunk_kda` and the decode's GPU
-functions need it.
+The package imports without PyTorch; only :func:`fwd`, :func:`chunk_kda`, the decode's GPU
+functions and :func:`autograd_reference` need it.
 """
 
 _have_torch = True
@@ -37,6 +39,7 @@ from ._forward import LaunchOptions, fwd
 from ._chunk import chunk_kda
 from ._decode import DecodeLaunchOptions, fused_recurrent_kda, fused_recurrent_kda_fwd, reference_decode
 from ._reference import reference
+from ._autograd_reference import autograd_reference  # imports torch when called, not here
 
 __version__: str = _core.__version__
 
@@ -67,5 +70,5 @@ from . import _fla, _fla_chunk  # noqa: E402
 _fla.register()  # never raises; flash_kda._fla.status says whether fla dispatches to the decode
 _fla_chunk.register()  # never raises; flash_kda._fla_chunk.status: whether fla's chunk_kda dispatches here
 
-__all__ = ["DecodeLaunchOptions", "Error", "LaunchOptions", "__version__", "chunk_kda", "cuda_available", "fused_recurrent_kda",
+__all__ = ["DecodeLaunchOptions", "Error", "LaunchOptions", "__version__", "autograd_reference", "chunk_kda", "cuda_available", "fused_recurrent_kda",
            "fused_recurrent_kda_fwd", "fwd", "reference", "reference_decode"]
