@@ -264,12 +264,25 @@ def chunk_kda(
     max_num_seqs: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """KDA prefill on an sm_90 GPU with fla 0.6.0's ``chunk_kda`` call (inference only).
+    """KDA prefill on an sm_90 GPU with fla 0.6.0's ``chunk_kda`` call, differentiable.
 
     Computes, per sequence and value head, the recurrence of docs/kda-spec.md with the
     pre-processing the flags select, on flash_kda's forward kernels. Keyword names, defaults
     and return values are those of ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0); fla also
-    dispatches its own chunk_kda here when flash_kda is installed (flash_kda/_fla_chunk.py).
+    dispatches its own chunk_kda here when flash_kda is installed (flash_kda/_fla_chunk.py),
+    for training calls too.
+
+    Training: with grad enabled and an input requiring grad, o and final_state carry autograd
+    history (the torch.library op flash_kda::chunk_kda_train, eager and under torch.compile).
+    The forward saves its inputs only; the backward (C++ flash_kda::backward, math in
+    docs/kda-spec.md "Backward": dL/d of the raw inputs, through the fused L2 norm, gate and
+    beta sigmoid) recomputes the rest from them, on torch's current stream with its workspace
+    and gradients from torch's allocator, and gives every input that requires grad among q, k,
+    v, g, beta, A_log, dt_bias and initial_state its gradient (each in its input's dtype and
+    shape; A_log and dt_bias only with use_gate_in_kernel, fp32); cu_seqlens gets none. The
+    backward's C++ validation of the call runs before the forward; intermediate states
+    (return_intermediate_states, intermediate_state_every) have no backward. Inference calls
+    (grad off, or nothing requiring it) never touch autograd or the dispatcher.
 
     Args (B batch, T tokens, H q/k heads, HV value heads (a multiple of H: GVA, value head hv
     reads q/k head hv // (HV / H)), K key and V value head dims; varlen: B = 1, T = total
@@ -291,7 +304,8 @@ def chunk_kda(
         safe_gate: fla's tensor-core path for bounded gates; with use_gate_in_kernel it makes
             lower_bound required. It does not change the function computed.
         lower_bound: the lower-bound gate's floor in natural-log units, in [-5, 0).
-        disable_recompute: what fla saves for its backward; accepted and ignored (no backward).
+        disable_recompute: what fla saves for its backward; accepted and ignored (flash_kda's
+            forward saves its inputs only and the backward recomputes the rest).
         return_intermediate_states: also return fla's ``h``: the state before each chunk of
             ``chunk_size`` (64) tokens of each sequence, [B, NT, HV, V, K] (state_v_first) or
             [B, NT, HV, K, V] in k's dtype, NT = ceil(T / 64) (fixed length); varlen: B = 1 and
@@ -334,9 +348,10 @@ def chunk_kda(
         (fla's return); with intermediate_state_every: (o, final_state, states, offsets).
 
     Raises:
-        flash_kda.Error (a ValueError; ``.argument`` names the argument): an input requires
-            grad while grad is enabled ("no backward yet"), cp_context given, intermediate
-            states with use_graph or under torch.compile, an unknown keyword, a flag that is not a bool, fla's
+        flash_kda.Error (a ValueError; ``.argument`` names the argument): cp_context given,
+            intermediate states with grad (no backward), with use_graph or under torch.compile,
+            a training call in a build without the backward or one the backward's validation
+            refuses (named by it, before the forward runs), an unknown keyword, a flag that is not a bool, fla's
             keyword rules (A_log or lower_bound missing for the fused gate, chunk_size,
             max_num_seqs under use_graph), or anything the C++ validation rejects (the
             kernel's supported subset, shapes, dtypes, devices, strides, alignment).

@@ -1,11 +1,12 @@
-"""flash_kda's forward as the backend of flash-linear-attention 0.6.x's ``chunk_kda``.
+"""flash_kda's forward and backward as the backend of flash-linear-attention 0.6.x's ``chunk_kda``.
 
 When fla 0.6.x is installed, importing flash_kda registers FlashKDAChunkBackend for fla's
 dispatched ``fla.ops.kda.chunk_kda`` through fla's public registry
 (``fla.backends.register(chunk_kda)``), at once when fla.ops.kda is already imported, else
 right after it is (an import hook; fla is never imported by flash_kda). fla's chunk_kda (and
-its KDA layer in prefill) then runs flash_kda.chunk_kda for every call the verifier accepts,
-and its Triton path for the rest (fla logs the verifier's reason once per process).
+its KDA layer in prefill and in training) then runs flash_kda.chunk_kda for every call the
+verifier accepts, and its Triton path for the rest (fla logs the verifier's reason once per
+process).
 
 fla 0.6.0 ships its own backend for flash_kda ("flash_kda", fla/ops/kda/backends/flash_kda.py),
 which accepts only FlashKDA's subset and then calls flash_kda.fwd with arguments fwd refuses
