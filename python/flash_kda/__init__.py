@@ -1,13 +1,15 @@
-"""flash_kda: Kimi Delta Attention (KDA) forward for Hopper GPUs, and its fp64 CPU reference.
+"""flash_kda: Kimi Delta Attention (KDA) forward and backward for Hopper GPUs, and its fp64 CPU reference.
 
 The function computed is defined in docs/kda-spec.md (Kimi Linear, arXiv 2510.26692;
 fla.ops.kda.chunk_kda). Public API:
 
 - :func:`fwd`: MoonshotAI FlashKDA's ``fwd`` call on torch CUDA tensors (sm_90).
 - :func:`chunk_kda`: the same forward with fla 0.6.0's ``chunk_kda`` call (every gate mode and
-  flag the kernels serve); also registered with fla's backend registry for fla's own
-  ``chunk_kda`` when fla 0.6.x is installed (in place of fla's built-in FlashKDA backend).
-  Both run as the torch.library op flash_kda::forward under torch.compile.
+  flag the kernels serve), differentiable (the backward of include/flash_kda/backward.h runs in
+  ``loss.backward()``); also registered with fla's backend registry for fla's own
+  ``chunk_kda`` when fla 0.6.x is installed (in place of fla's built-in FlashKDA backend),
+  training calls included. Both run as the torch.library op flash_kda::forward under
+  torch.compile; a training call as flash_kda::chunk_kda_train with flash_kda::chunk_kda_backward.
 - :func:`fused_recurrent_kda_fwd`, :func:`fused_recurrent_kda`: the decode step over a state
   pool (T = 1..16 tokens per sequence) with fla 0.6.0's call; also registered with fla's
   backend registry (operation 'kda') when fla 0.6.x is installed, and as the torch.library op

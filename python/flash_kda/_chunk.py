@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from . import _core
-from ._forward import FORWARD_TENSORS, _error, _real, launch
+from ._forward import FORWARD_TENSORS, _cuda_device, _current_raw_stream, _error, _raw_descriptions, _real, launch
 
 try:
     # Already imported by flash_kda/__init__.py when installed; a module global so that
@@ -41,6 +41,14 @@ if TYPE_CHECKING:
 #: flash_kda._ops.traced_chunk_kda once the torch.library op is registered (None without torch
 #: or without torch.library.custom_op): what chunk_kda runs while torch.compile traces it.
 _traced = None
+#: flash_kda._ops.train_chunk_kda once the torch.library ops are registered (None without torch
+#: or without torch.library.custom_op): what chunk_kda runs for a training call (plan.grad),
+#: eagerly and while torch.compile traces it.
+_train = None
+
+#: The inputs a training call differentiates, in the order of their gradients
+#: (_core.backward_raw's dq, dk, dv, dg, dbeta, dA_log, ddt_bias, d_initial_state).
+GRAD_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
 
 #: The **kwargs fla's chunk_kda reads; any other keyword is an error here (fla ignores it).
 _KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout", "intermediate_state_every")
@@ -55,13 +63,16 @@ class Plan(NamedTuple):
     output_final_state: whether a final state is returned; num_seqs: N (B, or
     len(cu_seqlens) - 1), or -1 when q or cu_seqlens is malformed (the C++ validation names it);
     intermediate: None, or the intermediate states asked for: ("fla", chunk_size, True) for
-    return_intermediate_states (fla's h), ("every", n, False) for intermediate_state_every=n."""
+    return_intermediate_states (fla's h), ("every", n, False) for intermediate_state_every=n;
+    grad: the names (GRAD_INPUTS order) of the inputs that require grad while grad is enabled:
+    a training call, differentiated by flash_kda's backward; empty for an inference call."""
 
     inputs: dict
     settings: tuple
     output_final_state: bool
     num_seqs: int
     intermediate: tuple | None = None
+    grad: tuple = ()
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -120,12 +131,17 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
     tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state,
                "cu_seqlens": cu_seqlens, "cu_seqlens_cpu": cu_seqlens_cpu,
                "A_log": kwargs.get("A_log"), "dt_bias": kwargs.get("dt_bias")}
+    grad = ()
     if grad_enabled:
-        for name, t in tensors.items():
-            if getattr(t, "requires_grad", False):
-                raise _error(name, "requires grad: flash_kda's chunk_kda has no backward yet (inference only); "
-                             "call it under torch.no_grad() or torch.inference_mode(), detach the input, "
-                             "or use fla's chunk_kda for training")
+        grad = tuple(name for name, t in tensors.items() if getattr(t, "requires_grad", False))
+        if grad:
+            if not backward_available():
+                raise _error(grad[0], "requires grad, but this flash_kda build has no backward "
+                             "(flash_kda._core.backward_raw is missing): call chunk_kda under torch.no_grad() "
+                             "or torch.inference_mode(), detach the input, or use fla's chunk_kda for training")
+            for name in grad:
+                if name not in GRAD_INPUTS:
+                    raise _error(name, "requires grad, but it has no gradient (sequence boundaries are integers)")
     if cp_context is not None:
         raise _error("cp_context", "context parallelism is not served by flash_kda (pass None, or use fla's "
                      "chunk_kda)")
@@ -141,6 +157,11 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
         intermediate = ("every", int(every), False)
     elif return_intermediate_states:
         intermediate = ("fla", int(chunk_size), True)
+    if intermediate is not None and grad:
+        raise _error("return_intermediate_states" if intermediate[0] == "fla" else "intermediate_state_every",
+                     f"intermediate states have no backward, and {grad[0]} requires grad: call chunk_kda under "
+                     "torch.no_grad() or torch.inference_mode() for prefix caching, or drop the intermediate "
+                     "states for training")
     if intermediate is not None and use_graph:
         raise _error("use_graph", "intermediate states need the sequence lengths on the host, which fla's graph "
                      "mode does not give (cu_seqlens padded per replay); pass use_graph=False, or use fla's chunk_kda")
@@ -185,8 +206,16 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
         scale = _real("scale", scale)
     settings = (scale, bound, gate, "v_first" if v_first else "k_first", use_qk_l2norm_in_kernel,
                 use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if not use_gate_in_kernel:
+        grad = tuple(n for n in grad if n not in ("A_log", "dt_bias"))  # ignored inputs: no gradient
     return Plan({n: t for n, t in tensors.items() if t is not None}, settings, output_final_state,
-                num_seqs, intermediate)
+                num_seqs, intermediate, grad)
+
+
+def backward_available() -> bool:
+    """Whether this build's extension has the backward (_core.backward_raw and
+    _core.validate_backward_raw)."""
+    return hasattr(_core, "backward_raw") and hasattr(_core, "validate_backward_raw")
 
 
 def ordered(named: dict) -> tuple:
@@ -235,12 +264,25 @@ def chunk_kda(
     max_num_seqs: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """KDA prefill on an sm_90 GPU with fla 0.6.0's ``chunk_kda`` call (inference only).
+    """KDA prefill on an sm_90 GPU with fla 0.6.0's ``chunk_kda`` call, differentiable.
 
     Computes, per sequence and value head, the recurrence of docs/kda-spec.md with the
     pre-processing the flags select, on flash_kda's forward kernels. Keyword names, defaults
     and return values are those of ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0); fla also
-    dispatches its own chunk_kda here when flash_kda is installed (flash_kda/_fla_chunk.py).
+    dispatches its own chunk_kda here when flash_kda is installed (flash_kda/_fla_chunk.py),
+    for training calls too.
+
+    Training: with grad enabled and an input requiring grad, o and final_state carry autograd
+    history (the torch.library op flash_kda::chunk_kda_train, eager and under torch.compile).
+    The forward saves its inputs only; the backward (C++ flash_kda::backward, math in
+    docs/kda-spec.md "Backward": dL/d of the raw inputs, through the fused L2 norm, gate and
+    beta sigmoid) recomputes the rest from them, on torch's current stream with its workspace
+    and gradients from torch's allocator, and gives every input that requires grad among q, k,
+    v, g, beta, A_log, dt_bias and initial_state its gradient (each in its input's dtype and
+    shape; A_log and dt_bias only with use_gate_in_kernel, fp32); cu_seqlens gets none. The
+    backward's C++ validation of the call runs before the forward; intermediate states
+    (return_intermediate_states, intermediate_state_every) have no backward. Inference calls
+    (grad off, or nothing requiring it) never touch autograd or the dispatcher.
 
     Args (B batch, T tokens, H q/k heads, HV value heads (a multiple of H: GVA, value head hv
     reads q/k head hv // (HV / H)), K key and V value head dims; varlen: B = 1, T = total
@@ -262,7 +304,8 @@ def chunk_kda(
         safe_gate: fla's tensor-core path for bounded gates; with use_gate_in_kernel it makes
             lower_bound required. It does not change the function computed.
         lower_bound: the lower-bound gate's floor in natural-log units, in [-5, 0).
-        disable_recompute: what fla saves for its backward; accepted and ignored (no backward).
+        disable_recompute: what fla saves for its backward; accepted and ignored (flash_kda's
+            forward saves its inputs only and the backward recomputes the rest).
         return_intermediate_states: also return fla's ``h``: the state before each chunk of
             ``chunk_size`` (64) tokens of each sequence, [B, NT, HV, V, K] (state_v_first) or
             [B, NT, HV, K, V] in k's dtype, NT = ceil(T / 64) (fixed length); varlen: B = 1 and
@@ -305,9 +348,10 @@ def chunk_kda(
         (fla's return); with intermediate_state_every: (o, final_state, states, offsets).
 
     Raises:
-        flash_kda.Error (a ValueError; ``.argument`` names the argument): an input requires
-            grad while grad is enabled ("no backward yet"), cp_context given, intermediate
-            states with use_graph or under torch.compile, an unknown keyword, a flag that is not a bool, fla's
+        flash_kda.Error (a ValueError; ``.argument`` names the argument): cp_context given,
+            intermediate states with grad (no backward), with use_graph or under torch.compile,
+            a training call in a build without the backward or one the backward's validation
+            refuses (named by it, before the forward runs), an unknown keyword, a flag that is not a bool, fla's
             keyword rules (A_log or lower_bound missing for the fused gate, chunk_size,
             max_num_seqs under use_graph), or anything the C++ validation rejects (the
             kernel's supported subset, shapes, dtypes, devices, strides, alignment).
@@ -325,6 +369,11 @@ def chunk_kda(
                      use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
                      disable_recompute, return_intermediate_states, state_v_first, cu_seqlens, cu_seqlens_cpu,
                      cp_context, use_graph, max_num_seqs, kwargs, torch.is_grad_enabled())
+    if plan.grad:
+        if _train is None:
+            raise _error(plan.grad[0], "requires grad, but flash_kda's training path needs torch.library.custom_op "
+                         "(PyTorch >= 2.4); call chunk_kda under torch.no_grad() or use fla's chunk_kda")
+        return _train(plan)
     if _traced is not None and torch.compiler.is_compiling():
         if plan.intermediate is not None:
             raise _error("return_intermediate_states" if plan.intermediate[0] == "fla" else "intermediate_state_every",
@@ -439,3 +488,95 @@ def validate_call(plan: Plan) -> tuple:
 
 _ELEMENT_BYTES = {_core.dtype_codes[n]: b for n, b in (("bfloat16", 2), ("float16", 2), ("float32", 4),
                                                        ("float64", 8))}
+
+
+#: The gradient tensors of one backward call, in _core.backward_raw's order.
+GRAD_TENSORS = ("d_out", "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "d_initial_state")
+
+
+def new_gradients(named: dict, need: tuple, torch) -> tuple:
+    """The input gradients of one backward call, uninitialised and contiguous (the backward
+    writes every element): dq, dk, dv, dg, dbeta like q, k, v, g, beta (shape and dtype), and
+    dA_log, ddt_bias (fp32) and d_initial_state (initial_state's dtype) like their inputs where
+    `need` (three bools: dA_log, ddt_bias, d_initial_state wanted) says so and the input is
+    present; None for the others. named: the call's input tensors by name."""
+    grads = [torch.empty(named[n].shape, dtype=named[n].dtype, device=named[n].device)
+             for n in ("q", "k", "v", "g", "beta")]
+    for name, wanted, dtype in (("A_log", need[0], torch.float32), ("dt_bias", need[1], torch.float32),
+                                ("initial_state", need[2], None)):
+        t = named.get(name)
+        grads.append(torch.empty(t.shape, dtype=dtype or t.dtype, device=t.device)
+                     if wanted and t is not None else None)
+    return tuple(grads)
+
+
+def launch_backward(forward: tuple, grads: tuple, settings: tuple, torch) -> None:
+    """_core.backward_raw on torch's current stream of q's device, with its workspace from
+    torch's allocator (the forward's allocator callback, _forward.launch).
+
+    forward: the forward call's inputs, one per name of FORWARD_TENSORS (its outputs, the pool
+    and intermediate states None); grads: one tensor or None per name of GRAD_TENSORS;
+    settings: as Plan.settings. Raises flash_kda.Error (nothing written) when the backward
+    refuses the call, or when this build has no backward."""
+    if not backward_available():
+        raise _error("q", "this flash_kda build has no backward (flash_kda._core.backward_raw is missing)")
+    q = forward[0]
+    device = _cuda_device(q, torch)
+    if device is not None:
+        stream = _current_raw_stream(torch, device)
+    else:
+        device = q.device
+        stream = 0  # the C++ validation rejects a host q by name before using the stream
+
+    def alloc(nbytes: int):
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    scale, lower_bound, *flags = settings
+    raw = _raw_descriptions(forward, torch)
+    raw_grads = _raw_descriptions(grads, torch)
+    if raw is None or raw_grads is None:
+        raise _error("q", "the backward takes torch tensors (CUDA, and the host copy cu_seqlens_cpu) only")
+    _core.backward_raw(raw, raw_grads, scale, lower_bound, alloc, stream, *flags)
+
+
+def validate_backward_call(plan: Plan) -> tuple:
+    """The C++ validation of the backward of this call (flash_kda::validate_backward) without
+    allocating anything: every gradient tensor a training call gets (d_out like out, d_final_state
+    fp32 when the call returns the final state, dq .. dbeta like their inputs, dA_log, ddt_bias
+    and d_initial_state for the inputs in plan.grad) is described contiguous at low 256-byte
+    aligned addresses on q's device, as validate_call does. Returns the problem's sizes; raises
+    flash_kda.Error naming the first bad argument."""
+    if not backward_available():
+        raise _error(plan.grad[0] if plan.grad else "q",
+                     "this flash_kda build has no backward (flash_kda._core.backward_raw is missing)")
+    raw = [describe(plan.inputs.get(name), name) for name in FORWARD_TENSORS]
+    shapes = output_shapes(plan)
+    if shapes is None:
+        raise _error("q", "expected q [B, T, H, K] and v [B, T, HV, V] (4 dimensions each), got shapes "
+                     f"{_dims(plan.inputs.get('q'))} and {_dims(plan.inputs.get('v'))}")
+    q = raw[FORWARD_TENSORS.index("q")]
+    fp32 = _core.dtype_codes["float32"]
+
+    def like(name):
+        d = raw[FORWARD_TENSORS.index(name)]
+        return None if d is None else (d[1], d[2])
+
+    wanted = {"d_out": (q[1], shapes[0]), "d_final_state": (fp32, shapes[1]) if shapes[1] is not None else None,
+              "dq": like("q"), "dk": like("k"), "dv": like("v"), "dg": like("g"), "dbeta": like("beta")}
+    for grad, name in (("dA_log", "A_log"), ("ddt_bias", "dt_bias"), ("d_initial_state", "initial_state")):
+        d = like(name)
+        wanted[grad] = None if d is None or name not in plan.grad else (fp32 if name != "initial_state" else d[0], d[1])
+    address, grads = 256, []
+    for name in GRAD_TENSORS:
+        spec = wanted[name]
+        if spec is None:
+            grads.append(None)
+            continue
+        dtype, shape = spec
+        strides, numel = [], 1
+        for d in reversed(shape):
+            strides.append(numel)
+            numel *= max(int(d), 1)
+        grads.append((address, dtype, tuple(shape), tuple(reversed(strides)), q[4]))
+        address += (numel * _ELEMENT_BYTES.get(dtype, 8) + 255) // 256 * 256
+    return _core.validate_backward_raw(tuple(raw), tuple(grads), *plan.settings)

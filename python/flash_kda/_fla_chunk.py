@@ -1,11 +1,12 @@
-"""flash_kda's forward as the backend of flash-linear-attention 0.6.x's ``chunk_kda``.
+"""flash_kda's forward and backward as the backend of flash-linear-attention 0.6.x's ``chunk_kda``.
 
 When fla 0.6.x is installed, importing flash_kda registers FlashKDAChunkBackend for fla's
 dispatched ``fla.ops.kda.chunk_kda`` through fla's public registry
 (``fla.backends.register(chunk_kda)``), at once when fla.ops.kda is already imported, else
 right after it is (an import hook; fla is never imported by flash_kda). fla's chunk_kda (and
-its KDA layer in prefill) then runs flash_kda.chunk_kda for every call the verifier accepts,
-and its Triton path for the rest (fla logs the verifier's reason once per process).
+its KDA layer in prefill and in training) then runs flash_kda.chunk_kda for every call the
+verifier accepts, and its Triton path for the rest (fla logs the verifier's reason once per
+process).
 
 fla 0.6.0 ships its own backend for flash_kda ("flash_kda", fla/ops/kda/backends/flash_kda.py),
 which accepts only FlashKDA's subset and then calls flash_kda.fwd with arguments fwd refuses
@@ -15,10 +16,16 @@ backend type, so fla's registry replaces that one with it (same switch: FLA_FLAS
 turns it off; same priority and place in fla's order).
 
 The verifier decides by the call's real arguments: the Python-level refusals of
-flash_kda.chunk_kda (grad, cp_context, intermediate states, fla's keyword rules), a CUDA q on
-an sm_90 device of a build with the kernels, then the C++ validation of the very call
-(flash_kda::validate_forward). It never raises; neither does a call it accepted that the
-forward then rejects: that call runs fla's Triton function instead (nothing was written).
+flash_kda.chunk_kda (cp_context, intermediate states with grad, fla's keyword rules), a CUDA q
+on an sm_90 device of a build with the kernels, then the C++ validation of the very call
+(flash_kda::validate_forward) and, for a training call (an input requires grad while grad is
+enabled), of its backward (flash_kda::validate_backward): fla's KimiDeltaAttention then trains
+through flash_kda's forward and backward with no change to the model. FLA_FLASH_KDA_TRAIN=0
+(read at each training call) keeps training calls on fla's Triton path while inference calls
+still dispatch here; FLA_FLASH_KDA=0 turns the whole backend off. The verifier never raises;
+neither does a call it accepted that the forward then rejects: that call runs fla's Triton
+function instead (nothing was written; a training call's backward was validated with its
+forward, before anything ran).
 Without fla, with another fla version, or on any error, importing flash_kda still works and
 :data:`status` says why nothing was registered.
 """
@@ -26,6 +33,7 @@ Without fla, with another fla version, or on any error, importing flash_kda stil
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from . import _chunk, _fla
@@ -39,6 +47,14 @@ BACKEND_TYPE = "flash_kda"
 ENV_VAR = "FLA_FLASH_KDA"
 #: fla's built-in FlashKDA backend's priority (lower runs first), kept.
 PRIORITY = 3
+#: The switch of training dispatch ("0": training calls run fla's Triton path; unset or any
+#: other value: flash_kda serves them), read at each training call.
+TRAIN_ENV_VAR = "FLA_FLASH_KDA_TRAIN"
+
+
+def train_enabled() -> bool:
+    """Whether training calls may dispatch to flash_kda (TRAIN_ENV_VAR is not "0")."""
+    return os.environ.get(TRAIN_ENV_VAR, "1").strip() != "0"
 
 #: "registered", "pending: ..." (fla installed, fla.ops.kda not imported yet), or why the
 #: backend was not registered (fla absent, another version, an error).
@@ -66,8 +82,9 @@ def verify_call(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
                 return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
                 cp_context=None, use_graph=False, max_num_seqs=None, **kwargs) -> tuple[bool, str | None]:
     """(True, None) when flash_kda.chunk_kda serves this fla chunk_kda call, else (False, the
-    reason). Reads shapes, dtypes, strides and devices (never device data: no sync). Never
-    raises."""
+    reason). A training call (an input requires grad while grad is enabled) is served when
+    training dispatch is on (train_enabled) and the backward's C++ validation accepts it too.
+    Reads shapes, dtypes, strides and devices (never device data: no sync). Never raises."""
     try:
         if not _fla._kernels():
             return _reject("this flash_kda build has no sm_90 kernels or no sm_90 GPU is visible")
@@ -81,7 +98,11 @@ def verify_call(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
                                 lower_bound, disable_recompute, return_intermediate_states, state_v_first,
                                 cu_seqlens, cu_seqlens_cpu, cp_context, use_graph, max_num_seqs, kwargs,
                                 _fla._grad_enabled())
+        if plan.grad and not train_enabled():
+            return _reject(f"training calls are off ({TRAIN_ENV_VAR}=0)")
         _chunk.validate_call(plan)
+        if plan.grad:
+            _chunk.validate_backward_call(plan)
     except ValueError as err:  # flash_kda.Error: its message names the argument and the reason
         return False, str(err)
     except Exception as err:  # noqa: BLE001 - anything else: fla's path, saying why
@@ -170,9 +191,10 @@ def _backend_class(base):
     the dispatched function's name (chunk_kda, chunk_kda_verifier)."""
 
     class FlashKDAChunkBackend(base):
-        """flash_kda's sm_90 forward for fla's chunk_kda (inference only; whatever the C++
-        validation accepts: gate modes, GVA, state layouts and dtypes, strides); replaces fla's
-        built-in FlashKDA backend (module docstring of flash_kda._fla_chunk)."""
+        """flash_kda's sm_90 forward, and for training calls its backward, for fla's chunk_kda
+        (whatever the C++ validations accept: gate modes, GVA, state layouts and dtypes,
+        strides); replaces fla's built-in FlashKDA backend (module docstring of
+        flash_kda._fla_chunk)."""
 
         backend_type = BACKEND_TYPE
         package_name = "flash_kda"

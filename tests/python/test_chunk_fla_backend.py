@@ -240,13 +240,84 @@ def test_verifier_declines_with_the_reason(gpu, change, reason):
     assert not accepted and reason in why, why
 
 
-def test_verifier_declines_grad_while_torch_tracks_it(gpu, monkeypatch, kernels_built):
+@pytest.fixture
+def validations(monkeypatch):
+    """The C++ validations (forward and backward) as stand-ins that accept every call and record
+    which ran; a build whose extension has the backward."""
+    from flash_kda import _core
+
+    ran = []
+    monkeypatch.setattr(_core, "validate_forward_raw", lambda tensors, *settings: ran.append("forward") or ())
+    monkeypatch.setattr(_core, "validate_backward_raw",
+                        lambda tensors, grads, *settings: ran.append("backward") or (), raising=False)
+    monkeypatch.setattr(_core, "backward_raw", lambda *a: None, raising=False)
+    monkeypatch.delenv(_fla_chunk.TRAIN_ENV_VAR, raising=False)
+    return ran
+
+
+def test_verifier_accepts_training_calls_the_backward_serves(gpu, monkeypatch, validations):
     args, kw = _fla_call(v=T(B, L, H, K, requires_grad=True))
     monkeypatch.setattr(_fla, "_grad_enabled", lambda: True)
-    accepted, why = _fla_chunk.verify_call(*args, **kw)
-    assert not accepted and "no backward yet" in why
-    monkeypatch.setattr(_fla, "_grad_enabled", lambda: False)  # no_grad / inference_mode
     assert _fla_chunk.verify_call(*args, **kw) == (True, None)
+    assert validations == ["forward", "backward"]
+    # fla's KDA layer in training: softplus gate, k-first, beta already activated, no state
+    args, kw = _fla_call(q=T(B, L, H, K, requires_grad=True), safe_gate=False, lower_bound=None,
+                         state_v_first=False, use_beta_sigmoid_in_kernel=False, initial_state=None,
+                         output_final_state=False)
+    assert _fla_chunk.verify_call(*args, **kw) == (True, None)
+    validations.clear()
+    monkeypatch.setattr(_fla, "_grad_enabled", lambda: False)  # no_grad / inference_mode: the forward alone
+    assert _fla_chunk.verify_call(*args, **kw) == (True, None) and validations == ["forward"]
+
+
+def test_verifier_declines_training_calls_the_backward_refuses(gpu, monkeypatch, validations):
+    from flash_kda import _core
+
+    monkeypatch.setattr(_fla, "_grad_enabled", lambda: True)
+    args, kw = _fla_call(v=T(B, L, H, K, requires_grad=True))
+
+    def refuse(tensors, grads, *settings):
+        e = _core.Error("flash_kda: dg: unsupported by the backward")
+        e.argument = "dg"
+        raise e
+
+    monkeypatch.setattr(_core, "validate_backward_raw", refuse)
+    assert _fla_chunk.verify_call(*args, **kw) == (False, "flash_kda: dg: unsupported by the backward")
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(return_intermediate_states=True), "intermediate states have no backward"),
+    (dict(cp_context=object()), "cp_context"),
+])
+def test_verifier_declines_training_calls_with_what_has_no_backward(gpu, monkeypatch, validations, change, reason):
+    monkeypatch.setattr(_fla, "_grad_enabled", lambda: True)
+    args, kw = _fla_call(v=T(B, L, H, K, requires_grad=True), **change)
+    accepted, why = _fla_chunk.verify_call(*args, **kw)
+    assert not accepted and reason in why, why
+
+
+def test_verifier_declines_training_calls_when_switched_off(gpu, monkeypatch, validations):
+    monkeypatch.setattr(_fla, "_grad_enabled", lambda: True)
+    args, kw = _fla_call(v=T(B, L, H, K, requires_grad=True))
+    for off in ("0", " 0"):
+        monkeypatch.setenv(_fla_chunk.TRAIN_ENV_VAR, off)
+        assert _fla_chunk.verify_call(*args, **kw) == (False, "flash_kda chunk_kda: training calls are off "
+                                                              "(FLA_FLASH_KDA_TRAIN=0)")
+    monkeypatch.setenv(_fla_chunk.TRAIN_ENV_VAR, "1")
+    assert _fla_chunk.verify_call(*args, **kw) == (True, None)
+    monkeypatch.setenv(_fla_chunk.TRAIN_ENV_VAR, "0")  # inference calls are not affected
+    monkeypatch.setattr(_fla, "_grad_enabled", lambda: False)
+    assert _fla_chunk.verify_call(*args, **kw) == (True, None)
+
+
+def test_verifier_declines_training_calls_without_a_backward_in_the_build(gpu, monkeypatch, validations):
+    from flash_kda import _core
+
+    monkeypatch.delattr(_core, "backward_raw")
+    monkeypatch.setattr(_fla, "_grad_enabled", lambda: True)
+    args, kw = _fla_call(v=T(B, L, H, K, requires_grad=True))
+    accepted, why = _fla_chunk.verify_call(*args, **kw)
+    assert not accepted and "has no backward" in why, why
 
 
 def test_verifier_declines_without_kernels_or_on_another_gpu(monkeypatch):

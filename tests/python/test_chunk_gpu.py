@@ -57,10 +57,10 @@ def test_refuses_what_it_cannot_serve(cuda_sm90):
         flash_kda.chunk_kda(*args, **kw)
     assert e.value.argument == "q" and "K = 64" in str(e.value)
     args, kw, _ = make_call(ChunkCase("grad"), cuda_sm90)
-    v = args[2].float().requires_grad_()
-    with pytest.raises(flash_kda.Error) as e:
-        flash_kda.chunk_kda(args[0], args[1], v, *args[3:], **kw)
-    assert "no backward yet" in str(e.value)
+    v = args[2].clone().requires_grad_()
+    with pytest.raises(flash_kda.Error) as e:  # training: the intermediate states have no backward
+        flash_kda.chunk_kda(args[0], args[1], v, *args[3:], **kw, intermediate_state_every=16)
+    assert e.value.argument == "intermediate_state_every"
 
 
 def _graph_case():

@@ -101,9 +101,6 @@ def test_deprecated_transpose_state_layout_is_state_v_first():
 
 
 @pytest.mark.parametrize("change, argument, words", [
-    (dict(q=T(B, L, H, K, requires_grad=True), grad_enabled=True), "q", "no backward yet"),
-    (dict(kwargs=dict(A_log=T(H, dtype="torch.float32", requires_grad=True)), grad_enabled=True), "A_log",
-     "no backward yet"),
     (dict(cp_context=object()), "cp_context", "context parallelism"),
     (dict(return_intermediate_states=True, use_graph=True), "use_graph", "intermediate states need the sequence"),
     (dict(return_intermediate_states=True, kwargs=dict(intermediate_state_every=64)), "intermediate_state_every",
@@ -132,8 +129,51 @@ def test_intermediate_state_forms():
     assert plan(return_intermediate_states=True).settings == plan().settings
 
 
-def test_grad_flags_are_read_only_while_grad_is_enabled():
+def test_grad_flags_are_read_only_while_grad_is_enabled(monkeypatch):
     assert plan(q=T(B, L, H, K, requires_grad=True), grad_enabled=False).inputs["q"].requires_grad
+    assert plan(q=T(B, L, H, K, requires_grad=True), grad_enabled=False).grad == ()
+    monkeypatch.delattr(_core, "backward_raw", raising=False)
+    assert plan(q=T(B, L, H, K, requires_grad=True), grad_enabled=False).grad == ()
+
+
+@pytest.fixture
+def with_backward(monkeypatch):
+    """As with a build whose extension has the backward."""
+    monkeypatch.setattr(_core, "backward_raw", lambda *a: None, raising=False)
+    monkeypatch.setattr(_core, "validate_backward_raw", lambda *a: (), raising=False)
+
+
+def test_a_training_call_names_the_inputs_that_require_grad(with_backward):
+    p = plan(v=T(B, L, H, K, requires_grad=True), kwargs=dict(A_log=T(H, dtype="torch.float32", requires_grad=True)),
+             initial_state=T(B, H, K, K, dtype="torch.float32", requires_grad=True), grad_enabled=True)
+    assert p.grad == ("v", "initial_state", "A_log")
+    assert plan(grad_enabled=True).grad == ()
+    # without the fused gate A_log and dt_bias are ignored: no gradient either
+    p = plan(use_gate_in_kernel=False, kwargs=dict(A_log=T(H, dtype="torch.float32", requires_grad=True)),
+             g=T(B, L, H, K, requires_grad=True), grad_enabled=True)
+    assert p.grad == ("g",) and "A_log" not in p.inputs
+
+
+@pytest.mark.parametrize("change, argument, words", [
+    (dict(return_intermediate_states=True), "return_intermediate_states", "intermediate states have no backward"),
+    (dict(kwargs=dict(intermediate_state_every=64)), "intermediate_state_every", "intermediate states have no backward"),
+    (dict(cp_context=object()), "cp_context", "context parallelism"),
+])
+def test_training_refusals_name_the_argument(with_backward, change, argument, words):
+    e = refusal(q=T(B, L, H, K, requires_grad=True), grad_enabled=True, **change)
+    assert e.argument == argument and words in str(e), str(e)
+    if argument != "cp_context":
+        assert plan(q=T(B, L, H, K, requires_grad=True), grad_enabled=False, **change).intermediate is not None
+
+
+@pytest.mark.parametrize("change, argument", [
+    (dict(q=T(B, L, H, K, requires_grad=True)), "q"),
+    (dict(kwargs=dict(A_log=T(H, dtype="torch.float32", requires_grad=True))), "A_log"),
+])
+def test_grad_without_a_backward_in_the_build_is_refused(monkeypatch, change, argument):
+    monkeypatch.delattr(_core, "backward_raw", raising=False)
+    e = refusal(grad_enabled=True, **change)
+    assert e.argument == argument and "has no backward" in str(e), str(e)
 
 
 def test_accepted_without_effect():

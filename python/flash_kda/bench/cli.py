@@ -148,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--check-seqs", type=_positive_int, default=decode_mod.DEFAULT_SAMPLE, metavar="S",
                      help=f"sequences of each decode point checked against the fp64 reference (default "
                      f"{decode_mod.DEFAULT_SAMPLE}; all when fewer)")
+    trn = p.add_argument_group("training (--train: forward + backward against fla's chunk_kda)")
+    trn.add_argument("--train", action="store_true",
+                     help="time one training step (forward + backward) of flash_kda.chunk_kda and fla's chunk_kda "
+                     "(Triton) per selected case (default the standard suite), measure the bytes each saves for "
+                     "its backward, and check the gradients on a slice against the fp64 autograd reference; "
+                     "eager timings only")
     run = p.add_argument_group("measurement")
     run.add_argument("--iters", type=_positive_int, default=100, help="timed calls per implementation and mode (default 100)")
     run.add_argument("--warmup", type=_positive_int, default=10, help="untimed calls before timing (default 10)")
@@ -188,6 +194,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                or args.entry is not None)
     if args.decode and variant:
         parser.error("--gate/--state-layout/--state-dtypes/--strided/--entry vary the forward cases: not with --decode")
+    if args.train:
+        if args.decode or args.layer or args.num_sms is not None or args.from_json is not None:
+            parser.error("--train runs training steps of the forward cases: not with --decode, --layer, --num-sms "
+                         "or --from-json (re-render a training run with --from-json alone)")
+        if args.strided or args.entry is not None or args.state_dtypes is not None or args.state == "bf16":
+            parser.error("--train runs flash_kda.chunk_kda and fla's chunk_kda on contiguous inputs with fp32 "
+                         "states (fla's rule): not with --strided, --entry, --state-dtypes or --state bf16")
     if not args.decode and decode_flags:
         parser.error(f"--{decode_flags[0].replace('_', '-')} narrows the decode sweep: give --decode too")
     if args.decode:
@@ -254,7 +267,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("a bf16 final state is FlashKDA's configuration through fwd only (the other variants and "
                      "--entry chunk_kda run flash_kda.chunk_kda, whose final state is fp32 as fla's): use "
                      "--state fp32 or --state-dtypes bf16,fp32")
-    args.cases = [dataclasses.replace(c, entry=args.entry or ("fwd" if c.flashkda_configuration else "chunk_kda"))
+    args.cases = [dataclasses.replace(c, entry="chunk_kda" if args.train else
+                                      args.entry or ("fwd" if c.flashkda_configuration else "chunk_kda"))
                   for c in cases]
     return args
 

@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
 
         results = decode.run_decode_suite(args, meta, on_point=lambda partial: write_partial(partial, args))
         failed = any(decode.point_failed(r) for r in results["decode"])
+    elif args.train:
+        from . import train
+
+        results = train.run_train_suite(args, meta, on_case=lambda partial: write_partial(partial, args))
+        failed = any(train.case_failed(r) for r in results["train"])
     elif args.layer:
         unmet = environment.fla_layer_unavailable()
         if unmet is not None:
@@ -73,10 +78,11 @@ def rerender(args) -> int:
     results.setdefault("meta", {})["rendered"] = f"re-rendered from {args.from_json.name} with --from-json on {now}"
     write_outputs(results, args)
     print(report.format_table(results))
-    from . import decode
+    from . import decode, train
 
-    failed = any(case_failed(r) for r in results["cases"]) or any(decode.point_failed(r)
-                                                                  for r in results.get("decode", []))
+    failed = (any(case_failed(r) for r in results["cases"])
+              or any(decode.point_failed(r) for r in results.get("decode", []))
+              or any(train.case_failed(r) for r in results.get("train", [])))
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -136,9 +142,12 @@ def write_outputs(results: dict, args) -> None:
         written.append(args.markdown)
     if args.write_record and results.get("decode") and not results.get("cases"):
         write_decode_record(results, cli.repo_root(), written)
+    elif args.write_record and results.get("train") and not results.get("cases"):
+        write_train_record(results, cli.repo_root(), written)
     elif args.write_record:
         root = cli.repo_root()
         results = keep_record_decode(results, root / cli.RECORD_JSON)
+        results = keep_record_train(results, root / cli.RECORD_JSON)
         record_chart = chart_at(root / cli.RECORD_CHART)
         report.write_markdown(results, root / cli.RECORD_NAME, cli.RECORD_CHART if record_chart else None)
         report.write_json(results, root / cli.RECORD_JSON)
@@ -166,6 +175,45 @@ def keep_record_decode(results: dict, path) -> dict:
     # A record of the decode table alone has its run's metadata at the top level.
     run = record.get("decode_run") or {key: record[key] for key in report.DECODE_RUN_KEYS if key in record}
     return report.merge_decode(results, {"decode": record["decode"], **run})
+
+
+def keep_record_train(results: dict, path) -> dict:
+    """A forward run's results with the training table of the record at `path` (its `train`
+    list and `train_run`), so that a forward --write-record keeps it. A missing or unreadable
+    record, or a run that has its own training cases, gives the results unchanged."""
+    import json
+
+    if results.get("train"):
+        return results
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return results
+    if not isinstance(record, dict) or not record.get("train"):
+        return results
+    run = record.get("train_run") or {key: record[key] for key in report.TRAIN_RUN_KEYS if key in record}
+    return report.merge_train(results, {"train": record["train"], **run})
+
+
+def write_train_record(results: dict, root, written: list) -> None:
+    """--train --write-record: the training cases become the `train` list of the record's
+    BENCHMARK_H200.json (its forward `cases`, decode table, meta and chart are kept) and the
+    training section of BENCHMARK_H200.md, re-rendered from the merged record."""
+    import json
+
+    path = root / cli.RECORD_JSON
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:
+        print(f"[flash_kda.bench] {path} unreadable ({err}): the record gets the training table alone", file=sys.stderr)
+        record = {"meta": results.get("meta", {}), "cases": []}
+    merged = report.merge_train(record, results)
+    chart = cli.RECORD_CHART if (root / cli.RECORD_CHART).is_file() and merged.get("cases") else None
+    report.write_markdown(merged, root / cli.RECORD_NAME, chart)
+    report.write_json(merged, path)
+    written += [root / cli.RECORD_NAME, path]
 
 
 def write_decode_record(results: dict, root, written: list) -> None:

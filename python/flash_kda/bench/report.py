@@ -13,7 +13,12 @@ Pure Python on the dict run_suite returns (no torch), so tests can feed fake res
                "floor_ms", "floor_bytes", "times": as the cases', "check": {out_err, state_err,
                fla_out_err, fla_state_err, sampled_seqs, bound, fla_ratio_bound, passed} | None,
                "errors"}] | absent (python -m flash_kda.bench --decode),
-   "decode_run": {meta, copy_bandwidth, settings} | absent (a record the decode table was merged into)}
+   "decode_run": {meta, copy_bandwidth, settings} | absent (a record the decode table was merged into),
+   "train": [{"case": Case.to_dict(), "times": {"flash_kda"|"fla": {"eager": summary}} (forward +
+              backward), "saved_bytes": {impl: bytes}, "saved_bytes_beyond_inputs": {impl: bytes},
+              "check": train.check_gradients dict | None, "check_note": str | absent, "errors"}]
+            | absent (python -m flash_kda.bench --train),
+   "train_run": {meta, settings, planned_train} | absent (a record the training table was merged into)}
 All times are milliseconds.
 """
 
@@ -212,6 +217,8 @@ def _padded(columns: list[str], body: list[list[str]]) -> list[str]:
 def format_table(results: dict) -> str:
     """The plain-text table printed last on stdout (columns padded to width); the decode
     table for a --decode run."""
+    if results.get("train") and not results.get("cases") and not results.get("decode"):
+        return format_train_table(results)
     if results.get("decode") and not results.get("cases"):
         return format_decode_table(results)
     if not results.get("cases"):
@@ -337,6 +344,7 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
         md += [f"- {line}" for line in _error_lines(results)]
         md += accuracy_section(results)
     md += decode_markdown(results)
+    md += train_markdown(results)
     if "layer" in results:
         md += ["", "## KimiDeltaAttention layer", "", format_layer(results["layer"])]
     if chart:
@@ -589,4 +597,111 @@ def merge_decode(record: dict, decode_results: dict) -> dict:
     merged.setdefault("cases", [])
     merged["decode"] = decode_results.get("decode", [])
     merged["decode_run"] = {key: decode_results[key] for key in DECODE_RUN_KEYS if key in decode_results}
+    return merged
+
+
+# --- the training table (python -m flash_kda.bench --train) ------------------------------------
+
+TRAIN_COLUMNS = [
+    "case", "T total", "H", "seqs", "flash_kda fwd+bwd ms", "fla fwd+bwd ms", "speedup vs fla",
+    "flash_kda saved MB", "fla saved MB", "grad check",
+]
+
+
+def _mb(v: int | None) -> str:
+    return "-" if v is None else f"{v / 1e6:.1f}"
+
+
+def train_check_label(r: dict) -> str:
+    """"ok"/"FAIL" with flash_kda's worst gradient error vs the fp64 autograd reference,
+    "error", or "-" when skipped (check_note says why)."""
+    c = r.get("check")
+    if c is None:
+        return "error" if "check" in r.get("errors", {}) else "-"
+    return f"{'ok' if c.get('passed') else 'FAIL'} {c.get('worst', float('nan')):.1e}"
+
+
+def train_rows(results: dict) -> list[list[str]]:
+    """One row of strings per training case, in TRAIN_COLUMNS order (times in ms, bytes saved
+    for the backward in MB)."""
+    out = []
+    for r in results.get("train", []):
+        c = r["case"]
+        ours, fla = _median(r, "flash_kda", "eager"), _median(r, "fla", "eager")
+        saved = r.get("saved_bytes", {})
+        out.append([c["name"], str(c["T_total"]), str(c["heads"]), str(c["num_seqs"]), _ms(ours), _ms(fla),
+                    _ratio(fla, ours), _mb(saved.get("flash_kda")), _mb(saved.get("fla")), train_check_label(r)])
+    return out
+
+
+def train_summary(results: dict) -> list[str]:
+    """Geometric means of both implementations' step times over the cases both ran, checks
+    passed, a partial run, skipped checks' reason, and errors."""
+    pts = results.get("train", [])
+    lines = []
+    pairs = [(_median(r, "flash_kda", "eager"), _median(r, "fla", "eager")) for r in pts]
+    pairs = [(a, b) for a, b in pairs if a and b]
+    if pairs:
+        ours, fla = _geomean([a for a, _ in pairs]), _geomean([b for _, b in pairs])
+        lines.append(f"geomean over {len(pairs)} case(s), forward + backward, eager: flash_kda {_ms(ours)} ms, "
+                     f"fla {_ms(fla)} ms (fla / flash_kda {fla / ours:.2f}x)")
+    checked = [r for r in pts if r.get("check")]
+    if checked:
+        ok = sum(1 for r in checked if r["check"].get("passed"))
+        lines.append(f"gradient checks passed: {ok} of {len(checked)}")
+    notes_seen = sorted({r["check_note"] for r in pts if r.get("check_note")})
+    lines += [f"gradient check {n}" for n in notes_seen]
+    planned = results.get("planned_train")
+    if planned is not None and len(pts) < planned:
+        lines.append(f"PARTIAL: {len(pts)} of {planned} training cases finished")
+    lines.append(TRAIN_NOTE)
+    lines += [f"{r['case']['name']}: {what} failed: {msg}" for r in pts for what, msg in r.get("errors", {}).items()]
+    return lines
+
+
+#: How to read the training table.
+TRAIN_NOTE = ("train: one forward + backward of chunk_kda (torch.autograd.grad of out and the final state against "
+              "fixed random gradients) per timed call, eager, medians of event-timed calls (ms); fla is its Triton "
+              "chunk_kda (FLA_FLASH_KDA=0) on the same inputs in the same run; saved MB = unique storages autograd "
+              "saves for the backward (inputs included); grad check = flash_kda's worst relative error over every "
+              "gradient against autograd through the fp64 reference on a slice (first tokens of the first sequence, "
+              "first heads), passing at <= 2e-2 or <= 1.5x fla's")
+
+
+def format_train_table(results: dict) -> str:
+    """The plain-text training table with its summary lines."""
+    return "\n".join(_padded(TRAIN_COLUMNS, train_rows(results)) + [""] + train_summary(results))
+
+
+def train_markdown(results: dict) -> list[str]:
+    """The Markdown training section (empty without training cases); with a merged record the
+    training run's own metadata (train_run) is listed."""
+    if not results.get("train"):
+        return []
+    run = results.get("train_run", results)
+    m = run.get("meta", {})
+    md = ["", "## Training (`python -m flash_kda.bench --train`)", ""]
+    for key in ("gpu", "torch", "triton", "fla", "flash_kda", "date"):
+        if key in m:
+            md.append(f"- {key}: {m[key]}")
+    s = run.get("settings", {})
+    if s:
+        md.append(f"- settings: {s.get('iters')} timed steps after {s.get('warmup')} warm-up, seed {s.get('seed')}")
+    md += ["", "| " + " | ".join(TRAIN_COLUMNS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(TRAIN_COLUMNS) - 1)) + "|"]
+    md += ["| " + " | ".join(row) + " |" for row in train_rows(results)]
+    md += [""] + [f"- {line}" for line in train_summary(results)]
+    return md
+
+
+#: A training run's own metadata, kept as the record's `train_run`.
+TRAIN_RUN_KEYS = ("meta", "settings", "planned_train")
+
+
+def merge_train(record: dict, train_results: dict) -> dict:
+    """The record with the training run's cases as its top-level `train` list and the training
+    run's meta and settings as `train_run`; the forward `cases` and the decode table are kept."""
+    merged = dict(record)
+    merged.setdefault("cases", [])
+    merged["train"] = train_results.get("train", [])
+    merged["train_run"] = {key: train_results[key] for key in TRAIN_RUN_KEYS if key in train_results}
     return merged
