@@ -7,6 +7,7 @@
 
 #include "flash_kda/backward.h"
 #include "flash_kda/call_table.h"
+#include "host/arg_checks.h"
 #include "host/backward_checks.h"
 #include "host/checks.h"
 #include "host/problem.h"

@@ -83,13 +83,14 @@ void run_pair(Job& job, int64_t n, int64_t hv) {
   const double scale = p.scale;
 
   // Every token's inputs and the state before it, from the forward pass.
-  std::vector<double> q(size_t(len * K)), k(size_t(len * K)), d(size_t(len * K)), v(size_t(len * V)), b(size_t(len));
+  const size_t tk = static_cast<size_t>(len * K);
+  std::vector<double> q(tk), k(tk), d(tk), v(static_cast<size_t>(len * V)), b(static_cast<size_t>(len));
   std::vector<double> states(size_t((len + 1) * K * V), 0.0);
   if (f.initial_state.defined())
     for (int64_t i = 0; i < K; ++i)
       for (int64_t j = 0; j < V; ++j)
         states[size_t(i * V + j)] = load_element(f.initial_state, state_index(f.state_layout, (n * HV + hv) * K * V, i, j, K, V));
-  std::vector<double> u(size_t(V)), w(size_t(V)), S1(size_t(K * V));
+  std::vector<double> u(static_cast<size_t>(V)), w(static_cast<size_t>(V)), S1(static_cast<size_t>(K * V));
   for (int64_t t = 0; t < len; ++t) {
     const int64_t tok = first + t;
     load_key(f.q, p, tok, h, f.use_qk_l2norm, &q[size_t(t * K)]);
@@ -112,7 +113,7 @@ void run_pair(Job& job, int64_t n, int64_t hv) {
   }
 
   // The reverse pass, dS the gradient of the state after token t.
-  std::vector<double> dS(size_t(K * V), 0.0), dw(size_t(V)), du(size_t(V)), dout(size_t(V));
+  std::vector<double> dS(size_t(K * V), 0.0), dw(static_cast<size_t>(V)), du(static_cast<size_t>(V)), dout(static_cast<size_t>(V));
   if (a.d_final_state.defined())
     for (int64_t i = 0; i < K; ++i)
       for (int64_t j = 0; j < V; ++j)
@@ -216,7 +217,7 @@ void finish_key(const Job& job, const TensorView& x, const std::vector<double>& 
                 int64_t tok, int64_t h) {
   const ProblemShape& p = job.p;
   const int64_t K = p.head_dim_k, HV = p.value_heads;
-  std::vector<double> dx(size_t(K), 0.0), xh(size_t(K));
+  std::vector<double> dx(size_t(K), 0.0), xh(static_cast<size_t>(K));
   for (int64_t gi = 0; gi < job.group; ++gi)
     for (int64_t i = 0; i < K; ++i) dx[size_t(i)] += d_hat[size_t((tok * HV + h * job.group + gi) * K + i)];
   const int64_t base = row_offset(x, p, tok, h);

@@ -10,6 +10,7 @@
 #include "sm90/backward/device_util.cuh"
 #include "sm90/backward/kernels.h"
 #include "sm90/backward/layout.h"
+#include "sm90/common/bf16.cuh"
 #include "sm90/common/record.h"
 
 namespace flash_kda::sm90::bwd {
