@@ -66,7 +66,10 @@ struct BackwardArgs {
 ProblemShape validate_backward(const BackwardArgs& args);
 
 /// Bytes of device workspace backward() needs for `args` (a multiple of 256). Depends on the
-/// shapes alone. Throws like validate_backward.
+/// shapes alone. Throws like validate_backward. Dominated by two fp32 states per 16-token chunk
+/// and value head (the recomputed chunk-start states and their gradients): about
+/// 8 (N + T_total / 16) HV K V bytes, plus ~26 T_total HV K bytes of per-token fp32 scratch
+/// (H = HV) and forward_workspace_size; the exact layout is src/sm90/backward/layout.h.
 size_t backward_workspace_size(const BackwardArgs& args);
 
 /// KDA backward on an sm_90 GPU, asynchronously on `stream`: recomputes the forward's chunk
