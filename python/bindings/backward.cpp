@@ -63,7 +63,7 @@ BackwardArgs args_from_raw(const nb::tuple& forward_tensors, const nb::tuple& gr
                            double lower_bound, const std::string& gate, const std::string& state_layout,
                            bool use_qk_l2norm, bool use_beta_sigmoid, bool allow_neg_eigval) {
   BackwardArgs a;
-  a.forward = forward_args_from_raw(forward_tensors);
+  a.forward = forward_args_from_raw(forward_tensors, /*outputs_optional=*/true);
   if (nb::len(grad_tensors) != kBackwardTensorCount)
     throw Error("grad_tensors", "expected " + std::to_string(kBackwardTensorCount) +
                                     " entries in the order of backward_tensors, got " + std::to_string(nb::len(grad_tensors)));

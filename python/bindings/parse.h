@@ -29,14 +29,18 @@ inline StateLayout parse_layout(const std::string& s) {
 }
 
 /// ForwardArgs from raw descriptions (raw_view) or None, one per entry of the call table, in
-/// its order (Sm90 target); a tuple of another length is an Error naming tensors.
-inline ForwardArgs forward_args_from_raw(const nanobind::tuple& tensors) {
+/// its order (Sm90 target); a tuple of another length is an Error naming tensors. With
+/// `outputs_optional` (the backward, which takes the forward's inputs only) out may be None too.
+inline ForwardArgs forward_args_from_raw(const nanobind::tuple& tensors, bool outputs_optional = false) {
   if (nanobind::len(tensors) != kForwardTensorCount)
     throw Error("tensors", "expected " + std::to_string(kForwardTensorCount) +
                                " entries in the order of forward_tensors, got " + std::to_string(nanobind::len(tensors)));
   ForwardArgs a;
-  for (size_t i = 0; i < kForwardTensorCount; ++i)
-    a.*(kForwardTensors[i].member) = raw_view(tensors[i], kForwardTensors[i], Target::Sm90);
+  for (size_t i = 0; i < kForwardTensorCount; ++i) {
+    TensorSpec spec = kForwardTensors[i];
+    if (outputs_optional && spec.role == TensorRole::Output) spec.optional = true;
+    a.*(spec.member) = raw_view(tensors[i], spec, Target::Sm90);
+  }
   return a;
 }
 
