@@ -34,6 +34,12 @@ namespace flash_kda {
 /// | ddt_bias         | fp32          | like dt_bias                 | optional; only with dt_bias  |
 /// | d_initial_state  | bf16 or fp32  | like initial_state           | optional; only with it       |
 ///
+/// Dtype rule: every gradient of an input has that input's dtype (dq like q, ..., ddt_bias like
+/// dt_bias, d_initial_state like initial_state); dA_log and ddt_bias are therefore fp32. On
+/// the Sm90 target (backward()) d_out and d_final_state are bf16 or fp32; reference_backward
+/// also takes fp64 for d_out, d_final_state and every gradient output. Every gradient tensor is
+/// on q's device, element aligned.
+///
 /// dq and dk are the gradients of the raw q and k (through the L2 norm when use_qk_l2norm),
 /// summed over the HV / H value heads that share each q/k head (GVA); dg of the raw g (through
 /// the gate activation; for PreGated dg = d a); dbeta of the raw beta (through the sigmoid when
@@ -60,7 +66,10 @@ struct BackwardArgs {
 ProblemShape validate_backward(const BackwardArgs& args);
 
 /// Bytes of device workspace backward() needs for `args` (a multiple of 256). Depends on the
-/// shapes alone. Throws like validate_backward.
+/// shapes alone. Throws like validate_backward. Dominated by two fp32 states per 16-token chunk
+/// and value head (the recomputed chunk-start states and their gradients): about
+/// 8 (N + T_total / 16) HV K V bytes, plus ~26 T_total HV K bytes of per-token fp32 scratch
+/// (H = HV) and forward_workspace_size; the exact layout is src/sm90/backward/layout.h.
 size_t backward_workspace_size(const BackwardArgs& args);
 
 /// KDA backward on an sm_90 GPU, asynchronously on `stream`: recomputes the forward's chunk
@@ -76,5 +85,15 @@ void backward(const BackwardArgs& args, void* workspace, size_t workspace_bytes,
 
 /// backward() with the workspace obtained from `allocate` (once, after validation).
 void backward(const BackwardArgs& args, const WorkspaceAllocator& allocate, Stream stream);
+
+/// The exact CPU reference of the backward: reverse-mode differentiation of the recurrence of
+/// docs/kda-spec.md token by token in fp64 (inputs read as given, bf16 widened exactly; each
+/// result rounded once to its tensor's dtype), using up to `num_threads` threads over
+/// (sequence, value head) pairs (0 = hardware concurrency). Host tensors only; every gate mode,
+/// flag, GVA, varlen (empty sequences pass d_final_state through), any K and V, both state
+/// layouts; no state pool and no intermediate states (as backward()). Keeps every state of a
+/// sequence (T K V fp64 values per pair in flight), so it is meant for test-sized problems.
+/// Throws flash_kda::Error like validate_backward but for Target::CpuReference.
+void reference_backward(const BackwardArgs& args, int num_threads = 0);
 
 }  // namespace flash_kda

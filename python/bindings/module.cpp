@@ -19,8 +19,10 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "backward_binding.h"
 #include "decode_binding.h"
 #include "flash_kda/flash_kda.h"
+#include "parse.h"
 #include "tensor_view.h"
 
 namespace nb = nanobind;
@@ -55,26 +57,7 @@ ForwardArgs args_from_arrays(const nb::tuple& tensors, Target target, Imported& 
 }
 
 /// ForwardArgs from raw descriptions (or None) in call-table order.
-ForwardArgs args_from_raw(const nb::tuple& tensors) {
-  check_count(tensors);
-  ForwardArgs a;
-  for (size_t i = 0; i < kForwardTensorCount; ++i)
-    a.*(kForwardTensors[i].member) = raw_view(tensors[i], kForwardTensors[i], Target::Sm90);
-  return a;
-}
-
-GateMode parse_gate(const std::string& s) {
-  if (s == "safe") return GateMode::SafeSigmoid;
-  if (s == "softplus") return GateMode::Softplus;
-  if (s == "none") return GateMode::PreGated;
-  throw Error("gate", "expected one of 'safe', 'softplus', 'none', got '" + s + "'");
-}
-
-StateLayout parse_layout(const std::string& s) {
-  if (s == "v_first") return StateLayout::VFirst;
-  if (s == "k_first") return StateLayout::KFirst;
-  throw Error("state_layout", "expected 'v_first' or 'k_first', got '" + s + "'");
-}
+ForwardArgs args_from_raw(const nb::tuple& tensors) { return forward_args_from_raw(tensors); }
 
 /// The forward's scalar settings as the Python functions pass them: gate ("safe", "softplus",
 /// "none"), state_layout ("v_first", "k_first") and the flags, with the names of
@@ -285,4 +268,5 @@ NB_MODULE(_core, m) {
         "see flash_kda.reference.");
 
   bind_decode(m);
+  bind_backward(m);
 }

@@ -124,7 +124,54 @@ FKDA_HOST_DEVICE T beta_sigmoid(T beta, bool allow_neg_eigval) {
   return allow_neg_eigval ? T(2) * s : s;
 }
 
+// ---- Derivatives of the fp64 forms above (the backward; include/flash_kda/backward.h).
+//
+// Written for any floating T so that the reference (double) and the kernels (float) evaluate
+// the same expressions; tests/cpp/test_gate_grad.cpp checks them against finite differences
+// of the forms above. `decay_rate` is r = exp(A_log) (1 without A_log), so d r / d A_log = r.
+
+/// The partial derivatives of one gate value a with respect to its inputs.
+template <typename T>
+struct GateGrad {
+  T dx;      ///< d a / d x, x = g + dt_bias: also d a / d g and d a / d dt_bias
+  T dA_log;  ///< d a / d A_log (meaningful only when the gate has an A_log)
+};
+
+/// Safe gate a = lb * s, s = sigmoid(r x): d a / d x = lb r s (1 - s) and
+/// d a / d A_log = d a / d r * r = lb x s (1 - s) r. s(1 - s) = e / (1 + e)^2 with
+/// e = exp(-|r x|) <= 1, so nothing overflows for any x.
+template <typename T>
+FKDA_HOST_DEVICE GateGrad<T> safe_gate_grad(T x, T decay_rate, T lower_bound) {
+  const T z = decay_rate * x;
+  const T e = exp(z > T(0) ? -z : z);
+  const T ds = e / ((T(1) + e) * (T(1) + e));  // sigmoid'(z) = s (1 - s)
+  return {lower_bound * decay_rate * ds, lower_bound * x * decay_rate * ds};
+}
+
+/// Softplus gate a = -r softplus(x): d a / d x = -r sigmoid(x) and d a / d A_log = -r softplus(x) = a.
+template <typename T>
+FKDA_HOST_DEVICE GateGrad<T> softplus_gate_grad(T x, T decay_rate) {
+  const T sig = x >= T(0) ? T(1) / (T(1) + exp(-x)) : exp(x) / (T(1) + exp(x));
+  return {-decay_rate * sig, softplus_gate(x, decay_rate)};
+}
+
+/// d b / d beta of beta_sigmoid: s (1 - s), doubled when negative eigenvalues are allowed.
+template <typename T>
+FKDA_HOST_DEVICE T beta_sigmoid_grad(T beta, bool allow_neg_eigval) {
+  const T e = exp(beta > T(0) ? -beta : beta);
+  const T ds = e / ((T(1) + e) * (T(1) + e));
+  return allow_neg_eigval ? T(2) * ds : ds;
+}
+
 /// L2 normalisation epsilon, added inside the square root: x / sqrt(sum(x^2) + eps).
 inline constexpr double kL2NormEps = 1e-6;
+
+/// The L2 normalisation's backward: x_hat = x / n with n = sqrt(|x|^2 + eps) gives
+/// d x = (d x_hat - x_hat (x_hat . d x_hat)) / n. `x_hat_dot_dx_hat` is x_hat . d x_hat and
+/// `inv_norm` is 1 / n; one element at a time.
+template <typename T>
+FKDA_HOST_DEVICE T l2norm_grad(T dx_hat, T x_hat, T x_hat_dot_dx_hat, T inv_norm) {
+  return (dx_hat - x_hat * x_hat_dot_dx_hat) * inv_norm;
+}
 
 }  // namespace flash_kda::math

@@ -16,9 +16,10 @@
 
 namespace flash_kda::detail {
 
-// Sizes from q and v; the rest of the activations must agree with them.
+// Sizes from q and v; the rest of the activations must agree with them. `with_out` false: out
+// is not part of the call (the backward recomputes it into its workspace) and is not checked.
 template <class Args>
-void check_activation_shapes(const Args& a, ProblemShape& p) {
+void check_activation_shapes(const Args& a, ProblemShape& p, bool with_out = true) {
   check_rank(a.q, "q", 4, tensor_spec("q").shape);
   p.batch = a.q.shape[0];
   p.seqlen = a.q.shape[1];
@@ -44,7 +45,7 @@ void check_activation_shapes(const Args& a, ProblemShape& p) {
   const int64_t B = p.batch, T = p.seqlen, HV = p.value_heads;
   check_shape(a.g, "g", {B, T, HV, p.head_dim_k}, tensor_spec("g").shape, "from q and v");
   check_shape(a.beta, "beta", {B, T, HV}, tensor_spec("beta").shape, "from q and v");
-  check_shape(a.out, "out", {B, T, HV, p.head_dim_v}, tensor_spec("out").shape, "like v");
+  if (with_out) check_shape(a.out, "out", {B, T, HV, p.head_dim_v}, tensor_spec("out").shape, "like v");
 }
 
 // The rules on cu_seqlens's values: cu[0] == 0, non-decreasing, cu[N] == T_total. `cu` is a

@@ -16,4 +16,9 @@ int64_t host_cu_seqlens(const TensorView& cu_seqlens, int64_t i);
 /// of the last sequence, so the length of sequence n is start(n + 1) - start(n)).
 int64_t host_seq_start(const ForwardArgs& args, const ProblemShape& p, int64_t n);
 
+/// validate(args, target) for a call that reads the forward's inputs but has no out (the
+/// backward, which recomputes it): every check of validate() except those of out, which must
+/// be absent (Error "out" otherwise). The other outputs are checked as validate() checks them.
+ProblemShape validate_inputs(const ForwardArgs& args, Target target);
+
 }  // namespace flash_kda::detail

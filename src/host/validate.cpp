@@ -137,8 +137,9 @@ void check_placement(const ForwardArgs& a, Target target) {
 }
 
 
-void check_activation_dtypes(const ForwardArgs& a, Target target) {
-  for (const char* name : {"q", "k", "v", "out", "g", "beta"}) check_table_dtype(a, name, target);
+void check_activation_dtypes(const ForwardArgs& a, Target target, bool with_out) {
+  for (const char* name : {"q", "k", "v", "out", "g", "beta"})
+    if (with_out || std::string_view(name) != "out") check_table_dtype(a, name, target);
 }
 
 
@@ -353,15 +354,19 @@ void check_aliasing(const ForwardArgs& a) {
 
 }  // namespace
 
-ProblemShape validate(const ForwardArgs& args, Target target) {
+namespace {
+
+// validate() with or without out (with_out false: out must be absent, validate_inputs).
+ProblemShape validate_call(const ForwardArgs& args, Target target, bool with_out) {
   if (target != Target::CpuReference && target != Target::Sm90)
     throw Error("target", "expected Target::CpuReference or Target::Sm90");
   for (const TensorSpec& spec : kForwardTensors)
-    if (!spec.optional) detail::require_present(field(args, spec), spec.name);
+    if (!spec.optional && (with_out || std::string_view(spec.name) != "out"))
+      detail::require_present(field(args, spec), spec.name);
   check_placement(args, target);
   ProblemShape p;
-  check_activation_shapes(args, p);
-  check_activation_dtypes(args, target);
+  check_activation_shapes(args, p, with_out);
+  check_activation_dtypes(args, target, with_out);
   check_sequences(args, target, p);
   check_flags(args, target);
   check_states(args, target, p);
@@ -372,5 +377,16 @@ ProblemShape validate(const ForwardArgs& args, Target target) {
   p.scale = args.scale ? *args.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim_k));
   return p;
 }
+
+}  // namespace
+
+ProblemShape validate(const ForwardArgs& args, Target target) { return validate_call(args, target, true); }
+
+namespace detail {
+ProblemShape validate_inputs(const ForwardArgs& args, Target target) {
+  if (args.out.defined()) throw Error("out", "must be absent here (the call recomputes the forward's output)");
+  return validate_call(args, target, false);
+}
+}  // namespace detail
 
 }  // namespace flash_kda

@@ -1,0 +1,41 @@
+// Small device helpers of the backward kernels: a deterministic block sum and fp32-or-bf16
+// stores.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+namespace flash_kda::sm90::bwd {
+
+/// The sum of `x` over a block of kThreads threads (a multiple of 32, at most 1024), returned to
+/// every thread. Fixed order (a butterfly inside each warp, then the warps' sums in order), so
+/// the result is the same on every run. `scratch` holds kThreads / 32 floats; the call begins
+/// and ends with a barrier, so consecutive calls may share it.
+template <int kThreads>
+__device__ __forceinline__ float block_sum(float x, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = x;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < kThreads / 32; ++w) s += scratch[w];
+  __syncthreads();
+  return s;
+}
+
+/// Stores x to element i of an fp32 (`is_f32`) or bf16 tensor, rounding to nearest for bf16.
+__device__ __forceinline__ void store_f(void* base, int64_t i, float x, bool is_f32) {
+  if (is_f32)
+    static_cast<float*>(base)[i] = x;
+  else
+    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
+}
+
+/// The flat token's sequence for a RowLayout: fixed length, tok / T (RowLayout::offset needs it);
+/// varlen layouts ignore it (their sequence stride is 0).
+__device__ __forceinline__ int64_t layout_seq(int64_t tok, int64_t seqlen, bool varlen) {
+  return varlen || seqlen == 0 ? 0 : tok / seqlen;
+}
+
+}  // namespace flash_kda::sm90::bwd

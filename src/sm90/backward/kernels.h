@@ -1,0 +1,25 @@
+// One launch function per backward kernel (what launch.cu calls), each on `stream`, returning
+// the CUDA error of the launch. Threads and shared memory are the kernels' own (fixed) sizes.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "sm90/backward/params.h"
+
+namespace flash_kda::sm90::bwd {
+
+/// offsets[n] = first chunk row of sequence n (SeqIndex::first_slot), n = 0..N.
+cudaError_t launch_offsets(const BackwardParams& p, cudaStream_t stream);
+/// q_hat, k_hat (normalised when l2norm), the log decay a and b, per token (prepare.cu).
+cudaError_t launch_prepare(const BackwardParams& p, cudaStream_t stream);
+/// The reverse state-gradient chain: one block per (sequence, value head) (chain.cu).
+cudaError_t launch_chain(const BackwardParams& p, uint64_t context_key, cudaStream_t stream);
+/// Every chunk's input gradients: one block per (chunk row, value head) (chunk_grad.cu).
+cudaError_t launch_chunk_grad(const BackwardParams& p, uint64_t context_key, cudaStream_t stream);
+/// dq, dk (GVA sum, L2-norm backward), dg, dbeta and the dA_log / ddt_bias partials, then their
+/// fixed-order reduction (finish.cu).
+cudaError_t launch_finish(const BackwardParams& p, cudaStream_t stream);
+
+}  // namespace flash_kda::sm90::bwd

@@ -1,0 +1,74 @@
+// The backward's workspace, from the problem's shape alone (host code): which buffer lives at
+// which byte offset. backward_workspace_size reports `total`; launch.cu carves the buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flash_kda/forward.h"
+
+namespace flash_kda::sm90::bwd {
+
+/// Tokens per block of the gate-finish kernel: dA_log and ddt_bias are summed per such block of
+/// tokens first (partials in the workspace), then over the blocks in order (reduce kernel).
+inline constexpr int64_t kFinishTokens = 64;
+
+/// Byte offsets of every workspace buffer (each 256-byte aligned) and the total. R = N +
+/// ceil(T_total / 16) chunk rows: chunk c of sequence n is row n + floor(start_n / 16) + c
+/// (SeqIndex's slot), so rows never collide and need no scan over the sequences.
+///
+///   offsets    int64 [N + 1]          row of each sequence's first chunk (the forward's
+///                                     intermediate_offsets)
+///   states     fp32  [R, HV, K x V]   state before each chunk (the recompute's intermediate
+///                                     states, in the call's state_layout)
+///   dstates    fp32  [R, HV, K, V]    gradient of the state after each chunk (k-first)
+///   out        bf16  [T_total, HV, V] the recompute's output (never read)
+///   q_hat, k_hat fp32 [T_total, H, K] q and k after the L2 norm (as read without it)
+///   a          fp32  [T_total, HV, K] log decay;   b fp32 [T_total, HV] beta activation
+///   dq_hat, dk_hat, da fp32 [T_total, HV, K];       db fp32 [T_total, HV]
+///   part_dt, part_alog fp32 [ceil(T_total / kFinishTokens), HV, K]
+///   forward    the forward's own workspace (forward_workspace_size)
+struct BackwardLayout {
+  int64_t rows = 0;  // R
+  size_t offsets = 0, states = 0, dstates = 0, out = 0, q_hat = 0, k_hat = 0, a = 0, b = 0;
+  size_t dq_hat = 0, dk_hat = 0, da = 0, db = 0, part_dt = 0, part_alog = 0, forward = 0;
+  size_t forward_bytes = 0;
+  size_t total = 0;
+};
+
+/// The layout for a validated problem; `forward_bytes` is the forward's workspace for it.
+inline BackwardLayout backward_layout(const ProblemShape& p, size_t forward_bytes) {
+  const uint64_t TT = uint64_t(p.batch) * uint64_t(p.seqlen), N = uint64_t(p.num_seqs);
+  const uint64_t H = uint64_t(p.heads), HV = uint64_t(p.value_heads), K = uint64_t(p.head_dim_k),
+                 V = uint64_t(p.head_dim_v);
+  BackwardLayout l;
+  l.rows = int64_t(N + (TT + 15) / 16);
+  const uint64_t R = uint64_t(l.rows);
+  const uint64_t tiles = (TT + uint64_t(kFinishTokens) - 1) / uint64_t(kFinishTokens);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t here = at;
+    at += (bytes + 255) / 256 * 256;
+    return here;
+  };
+  l.offsets = take((N + 1) * 8);
+  l.states = take(R * HV * K * V * 4);
+  l.dstates = take(R * HV * K * V * 4);
+  l.out = take(TT * HV * V * 2);
+  l.q_hat = take(TT * H * K * 4);
+  l.k_hat = take(TT * H * K * 4);
+  l.a = take(TT * HV * K * 4);
+  l.b = take(TT * HV * 4);
+  l.dq_hat = take(TT * HV * K * 4);
+  l.dk_hat = take(TT * HV * K * 4);
+  l.da = take(TT * HV * K * 4);
+  l.db = take(TT * HV * 4);
+  l.part_dt = take(tiles * HV * K * 4);
+  l.part_alog = take(tiles * HV * K * 4);
+  l.forward_bytes = forward_bytes;
+  l.forward = take(forward_bytes);
+  l.total = at;
+  return l;
+}
+
+}  // namespace flash_kda::sm90::bwd
