@@ -208,18 +208,30 @@ def _rel(x, ref) -> float:
     return float(d / n) if float(n) > 0 else float(d)
 
 
-def _call_grads(fn, args, kw, names, dtypes, do, dht):
+def _call_grads(fn, args, kw, names, dtypes, do, dht, cast_in_graph=False):
     """Gradients {name: tensor} of sum(o * do) + sum(final_state * dht) for fn(*args, **kw), the
-    inputs `names` taking part copied to leaves of dtypes[name] (default: their own)."""
+    inputs `names` taking part copied to leaves of dtypes[name] (default: their own). With
+    cast_in_graph the leaves keep their own dtype and fn gets them cast to dtypes[name] inside
+    the graph, so each gradient reaches its leaf in the leaf's dtype, as the caller's own tensor
+    would get it (fla takes a bf16 initial state as an fp32 copy: its fp32 gradient is rounded
+    to bf16 on the way back, like ours)."""
     import torch
 
     leaves = {}
     args = list(args)
     kw = dict(kw)
+
+    def leaf(x, n):
+        if cast_in_graph:
+            leaves[n] = x.detach().requires_grad_()
+            return leaves[n].to(dtypes.get(n, x.dtype))
+        leaves[n] = x.detach().to(dtypes.get(n, x.dtype)).requires_grad_()
+        return leaves[n]
+
     for i, n in enumerate(("q", "k", "v", "g", "beta")):
-        leaves[n] = args[i] = args[i].detach().to(dtypes.get(n, args[i].dtype)).requires_grad_()
+        args[i] = leaf(args[i], n)
     for n in names[5:]:
-        leaves[n] = kw[n] = kw[n].detach().to(dtypes.get(n, kw[n].dtype)).requires_grad_()
+        kw[n] = leaf(kw[n], n)
     o, ht = fn(*args, **kw)
     grads = torch.autograd.grad((o, ht), [leaves[n] for n in names], (do.to(o.dtype), dht.to(ht.dtype)))
     return dict(zip(names, grads))
@@ -240,7 +252,7 @@ def run_fla(args, kw, names, do, dht):
         return fn
     try:
         with count_flash_kda_calls() as calls, torch.enable_grad():
-            grads = _call_grads(fn, args, kw, names, {"initial_state": torch.float32}, do, dht)
+            grads = _call_grads(fn, args, kw, names, {"initial_state": torch.float32}, do, dht, cast_in_graph=True)
     except Exception as err:  # recorded in the table: fla's own limits are not our failure
         return f"fla raised {type(err).__name__}: {str(err)[:80]}"
     # A comparison with ourselves would make the "<= 1.1 x fla" rule vacuous.
