@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs small cases of every flash_kda.fwd variant under NVIDIA compute-sanitizer.
 
-Variants: fixed length (T = 1, T < 16, T off the 16-token grid), varlen with zero-length and
+Variants (the forward; chunk_kda's with its backward; the decode): fixed length (T = 1, T < 16, T off the 16-token grid), varlen with zero-length and
 1-token sequences (int64 and int32 cu_seqlens), states none / bf16 / fp32, final state without
 initial state, and the in-place state update. Each case is also checked against the fp64
 reference (relative Frobenius error <= 1e-2), so a case that silently did nothing fails too.
@@ -139,6 +139,31 @@ def run_variant_cases(torch) -> int:
         wrong += not ok
         print(f"sanitize: decode with [N, T] slots, -1 and >= P entries, accepted counts, fp32 inputs "
               f"({'v' if v_first else 'k'}-first): {'ok' if ok else 'WRONG'} (finite)", flush=True)
+    # The backward (chunk_kda with grad): every chunk_kda case the backward serves, short, each
+    # gradient against autograd through the fp64 yardstick (relative error <= 2e-2).
+    for case in [dataclasses.replace(c, seqlen=min(c.seqlen, 40)) for c in CASES]:
+        args, kw, real = make_call(case, dev)
+        if kw.get("cu_seqlens") is not None and real != args[0].shape[1]:
+            continue  # use_graph padding rows: the training path takes exact batches
+        extra = [n for n in ("A_log", "dt_bias", "initial_state") if kw.get(n) is not None
+                 and (n == "initial_state" or kw.get("use_gate_in_kernel"))]
+        grads = []
+        for fn, dt in ((flash_kda.chunk_kda, None), (flash_kda.autograd_reference, torch.float64)):
+            leaves = [a.detach().to(dt or a.dtype).requires_grad_() for a in args[:5]]
+            kws = dict(kw, **{n: kw[n].detach().to(dt or kw[n].dtype).requires_grad_() for n in extra})
+            try:
+                o, ht = fn(*leaves, *args[5:], **kws)
+            except flash_kda.Error:
+                break  # a call the backward does not serve (named error): nothing to sanitize
+            gen = torch.Generator(device=dev).manual_seed(11)
+            do = torch.randn(o.shape, generator=gen, device=dev)
+            loss = (o.double() * do.double()).sum()
+            if ht is not None:
+                loss = loss + (ht.double() * torch.randn(ht.shape, generator=gen, device=dev).double()).sum()
+            grads.append(torch.autograd.grad(loss, leaves + [kws[n] for n in extra]))
+        torch.cuda.synchronize()
+        if len(grads) == 2:
+            judge(f"chunk_kda backward {case.name}", [rel_err(a, b.detach().cpu().numpy()) for a, b in zip(*grads)])
     return wrong
 
 
