@@ -120,6 +120,7 @@ def train_run(label: str, through_flash_kda: bool, model_seed: int, args) -> dic
     import flash_kda
 
     os.environ["FLA_FLASH_KDA"] = "1" if through_flash_kda else "0"  # fla reads it at every dispatch
+    os.environ["FLA_FLASH_KDA_TRAIN"] = "1" if through_flash_kda else "0"  # training dispatch is opt-in
     torch.manual_seed(model_seed)
     model = build_model(args.layers, args.safe_gate)
     no_decay = [p for n, p in model.named_parameters() if getattr(p, "_no_weight_decay", False) or p.ndim < 2]

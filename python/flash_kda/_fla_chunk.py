@@ -19,10 +19,12 @@ The verifier decides by the call's real arguments: the Python-level refusals of
 flash_kda.chunk_kda (cp_context, intermediate states with grad, fla's keyword rules), a CUDA q
 on an sm_90 device of a build with the kernels, then the C++ validation of the very call
 (flash_kda::validate_forward) and, for a training call (an input requires grad while grad is
-enabled), of its backward (flash_kda::validate_backward): fla's KimiDeltaAttention then trains
-through flash_kda's forward and backward with no change to the model. FLA_FLASH_KDA_TRAIN=0
-(read at each training call) keeps training calls on fla's Triton path while inference calls
-still dispatch here; FLA_FLASH_KDA=0 turns the whole backend off. The verifier never raises;
+enabled), of its backward (flash_kda::validate_backward), when FLA_FLASH_KDA_TRAIN=1 (read at
+each training call): fla's KimiDeltaAttention then trains through flash_kda's forward and
+backward with no change to the model. Training dispatch is opt-in because the backward is a
+first, correctness-first version, slower than fla's Triton backward (docs/performance.md
+"Backward"); unset or any other value keeps training calls on fla's Triton path while inference
+calls still dispatch here; FLA_FLASH_KDA=0 turns the whole backend off. The verifier never raises;
 neither does a call it accepted that the forward then rejects: that call runs fla's Triton
 function instead (nothing was written; a training call's backward was validated with its
 forward, before anything ran).
@@ -47,14 +49,15 @@ BACKEND_TYPE = "flash_kda"
 ENV_VAR = "FLA_FLASH_KDA"
 #: fla's built-in FlashKDA backend's priority (lower runs first), kept.
 PRIORITY = 3
-#: The switch of training dispatch ("0": training calls run fla's Triton path; unset or any
-#: other value: flash_kda serves them), read at each training call.
+#: The switch of training dispatch ("1": flash_kda serves training calls; unset or any other
+#: value: they run fla's Triton path), read at each training call. Opt-in while flash_kda's
+#: backward is slower than fla's (docs/performance.md "Backward").
 TRAIN_ENV_VAR = "FLA_FLASH_KDA_TRAIN"
 
 
 def train_enabled() -> bool:
-    """Whether training calls may dispatch to flash_kda (TRAIN_ENV_VAR is not "0")."""
-    return os.environ.get(TRAIN_ENV_VAR, "1").strip() != "0"
+    """Whether training calls may dispatch to flash_kda (TRAIN_ENV_VAR is "1")."""
+    return os.environ.get(TRAIN_ENV_VAR, "").strip() == "1"
 
 #: "registered", "pending: ..." (fla installed, fla.ops.kda not imported yet), or why the
 #: backend was not registered (fla absent, another version, an error).
@@ -99,7 +102,7 @@ def verify_call(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
                                 cu_seqlens, cu_seqlens_cpu, cp_context, use_graph, max_num_seqs, kwargs,
                                 _fla._grad_enabled())
         if plan.grad and not train_enabled():
-            return _reject(f"training calls are off ({TRAIN_ENV_VAR}=0)")
+            return _reject(f"training calls are off ({TRAIN_ENV_VAR}=1 turns them on)")
         _chunk.validate_call(plan)
         if plan.grad:
             _chunk.validate_backward_call(plan)

@@ -251,7 +251,7 @@ def validations(monkeypatch):
     monkeypatch.setattr(_core, "validate_backward_raw",
                         lambda tensors, grads, *settings: ran.append("backward") or (), raising=False)
     monkeypatch.setattr(_core, "backward_raw", lambda *a: None, raising=False)
-    monkeypatch.delenv(_fla_chunk.TRAIN_ENV_VAR, raising=False)
+    monkeypatch.setenv(_fla_chunk.TRAIN_ENV_VAR, "1")
     return ran
 
 
@@ -299,10 +299,13 @@ def test_verifier_declines_training_calls_with_what_has_no_backward(gpu, monkeyp
 def test_verifier_declines_training_calls_when_switched_off(gpu, monkeypatch, validations):
     monkeypatch.setattr(_fla, "_grad_enabled", lambda: True)
     args, kw = _fla_call(v=T(B, L, H, K, requires_grad=True))
-    for off in ("0", " 0"):
-        monkeypatch.setenv(_fla_chunk.TRAIN_ENV_VAR, off)
+    for off in (None, "0", " 0", "yes"):
+        if off is None:
+            monkeypatch.delenv(_fla_chunk.TRAIN_ENV_VAR, raising=False)  # opt-in: off by default
+        else:
+            monkeypatch.setenv(_fla_chunk.TRAIN_ENV_VAR, off)
         assert _fla_chunk.verify_call(*args, **kw) == (False, "flash_kda chunk_kda: training calls are off "
-                                                              "(FLA_FLASH_KDA_TRAIN=0)")
+                                                              "(FLA_FLASH_KDA_TRAIN=1 turns them on)")
     monkeypatch.setenv(_fla_chunk.TRAIN_ENV_VAR, "1")
     assert _fla_chunk.verify_call(*args, **kw) == (True, None)
     monkeypatch.setenv(_fla_chunk.TRAIN_ENV_VAR, "0")  # inference calls are not affected

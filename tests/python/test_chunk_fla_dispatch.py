@@ -6,9 +6,9 @@ For each served case (safe gate, softplus gate, GVA, k-first, mixed state dtypes
 views): a spy on flash_kda.chunk_kda sees exactly one call, fla's backend logger reports
 '-> flash_kda', and out / final state match the fp64 reference (relative Frobenius error <=
 1e-2) and are no worse than twice fla's own Triton result on the same inputs (+2e-3). For an
-unservable call (K = 64; a training call with FLA_FLASH_KDA_TRAIN=0) fla logs the rejection
-and returns its own result, which matches the reference. A training call (grad enabled)
-dispatches to flash_kda's forward and backward: its gradients are within the bound of fla's own.
+unservable call (K = 64; a training call without FLA_FLASH_KDA_TRAIN=1) fla logs the rejection
+and returns its own result, which matches the reference. A training call (grad enabled) with
+FLA_FLASH_KDA_TRAIN=1 dispatches to flash_kda's forward and backward: its gradients are within the bound of fla's own.
 """
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def _train_step(fn, args, kw, seed=1):
 def test_training_call_dispatches_to_flash_kda(cuda_sm90, fla_chunk_kda, monkeypatch):
     chunk_kda, triton, calls, log = fla_chunk_kda
     args, kw, real = make_call(CASES[0], cuda_sm90)
-    monkeypatch.delenv("FLA_FLASH_KDA_TRAIN", raising=False)
+    monkeypatch.setenv("FLA_FLASH_KDA_TRAIN", "1")
     out, grads = _train_step(chunk_kda, args, kw)
     assert len(calls) == 1 and any(m.endswith("chunk_kda -> flash_kda") for m in log), log
     ref_o, _ = reference(args, kw, real)
@@ -146,7 +146,7 @@ def test_training_call_falls_back_to_fla_when_switched_off(cuda_sm90, fla_chunk_
     args, kw, real = make_call(CASES[0], cuda_sm90)
     out, grads = _train_step(chunk_kda, args, kw)
     assert calls == []
-    assert any("-> flash_kda rejected" in m and "FLA_FLASH_KDA_TRAIN=0" in m for m in log), log
+    assert any("-> flash_kda rejected" in m and "FLA_FLASH_KDA_TRAIN=1 turns them on" in m for m in log), log
     ref_o, _ = reference(args, kw, real)
     assert rel_err(out, ref_o) <= BOUND
     assert all(torch.isfinite(g).all() for g in grads)

@@ -41,10 +41,11 @@ def _step(fn, args, kw, seed=7):
 
     args, kw, leaves = _leaves(args, kw)
     out, final = fn(*args, **{**kw, "output_final_state": True})
-    gen = torch.Generator(out.device).manual_seed(seed)
-    r1 = torch.randn(out.shape, generator=gen, device=out.device, dtype=torch.float32)
-    r2 = torch.randn(final.shape, generator=gen, device=out.device, dtype=torch.float32)
-    loss = (out.float() * r1).sum() + (final.float() * r2.to(final.device)).sum()
+    # Drawn on the host, whatever fn's device: the same R1, R2 for the GPU and the CPU call.
+    gen = torch.Generator().manual_seed(seed)
+    r1 = torch.randn(out.shape, generator=gen, dtype=torch.float32).to(out.device)
+    r2 = torch.randn(final.shape, generator=gen, dtype=torch.float32).to(final.device)
+    loss = (out.float() * r1).sum() + (final.float() * r2).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()))
     return dict(zip(leaves, grads))
 
