@@ -75,14 +75,17 @@ if [[ -n $install_problem ]]; then
   fi
 fi
 # CMake >= 3.24 (with ctest): the one on PATH, else the cmake package from PyPI.
-if ! cmake -P /dev/stdin <<<'if(CMAKE_VERSION VERSION_LESS 3.24)
-  message(FATAL_ERROR "old")
-endif()' >/dev/null 2>&1; then
-  if ! pip_get cmake "cmake>=3.24"; then
-    echo "scripts/test.sh: no CMake >= 3.24 on PATH and ${skipped[-1]}" >&2
+# (The version is read from `cmake --version`: `cmake -P /dev/stdin` fails where bash passes a
+# here-string through a pipe, which CMake cannot seek. The pip package is imported from / so
+# that the repository's own cmake/ folder cannot stand in for it.)
+cmake_version=$(cmake --version 2>/dev/null | sed -n 's/^cmake version \([0-9.]*\).*/\1/p')
+if [[ -z $cmake_version || $(printf '%s\n' 3.24 "$cmake_version" | sort -V | head -n 1) != 3.24 ]]; then
+  if ! (cd / && "$py" -c "import cmake; cmake.CMAKE_BIN_DIR") >/dev/null 2>&1 &&
+    ! "$py" -m pip install -q --disable-pip-version-check "cmake>=3.24"; then
+    echo "scripts/test.sh: no CMake >= 3.24 on PATH and pip install cmake failed" >&2
     exit 1
   fi
-  PATH=$("$py" -c "import cmake; print(cmake.CMAKE_BIN_DIR)"):$PATH
+  PATH=$(cd / && "$py" -c "import cmake; print(cmake.CMAKE_BIN_DIR)"):$PATH
 fi
 have_pytest=1
 pip_get pytest pytest || have_pytest=0
