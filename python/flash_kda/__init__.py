@@ -8,8 +8,9 @@ fla.ops.kda.chunk_kda). Public API:
   flag the kernels serve), differentiable (the backward of include/flash_kda/backward.h runs in
   ``loss.backward()``); also registered with fla's backend registry for fla's own
   ``chunk_kda`` when fla 0.6.x is installed (in place of fla's built-in FlashKDA backend),
-  training calls included. Both run as the torch.library op flash_kda::forward under
-  torch.compile; a training call as flash_kda::chunk_kda_train with flash_kda::chunk_kda_backward.
+  training calls included with FLA_FLASH_KDA_TRAIN=1. Both run as the torch.library op
+  flash_kda::forward under torch.compile; a training call as flash_kda::chunk_kda_train with
+  flash_kda::chunk_kda_backward.
 - :func:`fused_recurrent_kda_fwd`, :func:`fused_recurrent_kda`: the decode step over a state
   pool (T = 1..16 tokens per sequence) with fla 0.6.0's call; also registered with fla's
   backend registry (operation 'kda') when fla 0.6.x is installed, and as the torch.library op

@@ -270,7 +270,7 @@ def chunk_kda(
     pre-processing the flags select, on flash_kda's forward kernels. Keyword names, defaults
     and return values are those of ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0); fla also
     dispatches its own chunk_kda here when flash_kda is installed (flash_kda/_fla_chunk.py),
-    for training calls too.
+    for training calls too when FLA_FLASH_KDA_TRAIN=1.
 
     Training: with grad enabled and an input requiring grad, o and final_state carry autograd
     history (the torch.library op flash_kda::chunk_kda_train, eager and under torch.compile).
@@ -280,7 +280,8 @@ def chunk_kda(
     and gradients from torch's allocator, and gives every input that requires grad among q, k,
     v, g, beta, A_log, dt_bias and initial_state its gradient (each in its input's dtype and
     shape; A_log and dt_bias only with use_gate_in_kernel, fp32); cu_seqlens gets none. The
-    backward's C++ validation of the call runs before the forward; intermediate states
+    backward's C++ validation of the call runs before the forward (eagerly; under torch.compile
+    with the backward); intermediate states
     (return_intermediate_states, intermediate_state_every) have no backward. Inference calls
     (grad off, or nothing requiring it) never touch autograd or the dispatcher.
 
