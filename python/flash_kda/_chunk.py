@@ -468,23 +468,44 @@ def validate_call(plan: Plan) -> tuple:
     which no device allocation occupies, on q's device; validation reads nothing of them but
     where they are. Returns the problem's sizes (_core.validate_forward_raw: batch, seqlen,
     num_seqs, heads, value_heads, K, V, varlen, scale); raises flash_kda.Error."""
+    raw, shapes = _described_inputs(plan)
+    q = raw[FORWARD_TENSORS.index("q")]
+    fp32 = _core.dtype_codes["float32"]
+    placed = _placed([(q[1], shapes[0]), (fp32, shapes[1]) if shapes[1] is not None else None], q[4])
+    for name, described in zip(("out", "final_state"), placed):
+        if described is not None:
+            raw[FORWARD_TENSORS.index(name)] = described
+    return _core.validate_forward_raw(tuple(raw), *plan.settings)
+
+
+def _described_inputs(plan: Plan) -> tuple[list, tuple]:
+    """(the raw descriptions of the call's tensors in FORWARD_TENSORS order, output_shapes(plan));
+    a flash_kda.Error naming q when q or v is not 4-dimensional."""
     raw = [describe(plan.inputs.get(name), name) for name in FORWARD_TENSORS]
     shapes = output_shapes(plan)
     if shapes is None:
         raise _error("q", "expected q [B, T, H, K] and v [B, T, HV, V] (4 dimensions each), got shapes "
                      f"{_dims(plan.inputs.get('q'))} and {_dims(plan.inputs.get('v'))}")
-    q = raw[FORWARD_TENSORS.index("q")]
-    address = 256
-    for name, shape, dtype in (("out", shapes[0], q[1]), ("final_state", shapes[1], _core.dtype_codes["float32"])):
-        if shape is None:
+    return raw, shapes
+
+
+def _placed(specs: list, device: int) -> list:
+    """Raw descriptions of contiguous tensors (dtype code, shape) on `device`, one after another at
+    low 256-byte aligned addresses from 256 on, which no device allocation occupies (validation
+    reads nothing of them but where they are); None stays None."""
+    address, placed = 256, []
+    for spec in specs:
+        if spec is None:
+            placed.append(None)
             continue
+        dtype, shape = spec
         strides, numel = [], 1
         for d in reversed(shape):
             strides.append(numel)
             numel *= max(int(d), 1)
-        raw[FORWARD_TENSORS.index(name)] = (address, dtype, tuple(shape), tuple(reversed(strides)), q[4])
+        placed.append((address, dtype, tuple(shape), tuple(reversed(strides)), device))
         address += (numel * _ELEMENT_BYTES.get(dtype, 8) + 255) // 256 * 256
-    return _core.validate_forward_raw(tuple(raw), *plan.settings)
+    return placed
 
 
 _ELEMENT_BYTES = {_core.dtype_codes[n]: b for n, b in (("bfloat16", 2), ("float16", 2), ("float32", 4),
@@ -550,11 +571,7 @@ def validate_backward_call(plan: Plan) -> tuple:
     if not backward_available():
         raise _error(plan.grad[0] if plan.grad else "q",
                      "this flash_kda build has no backward (flash_kda._core.backward_raw is missing)")
-    raw = [describe(plan.inputs.get(name), name) for name in FORWARD_TENSORS]
-    shapes = output_shapes(plan)
-    if shapes is None:
-        raise _error("q", "expected q [B, T, H, K] and v [B, T, HV, V] (4 dimensions each), got shapes "
-                     f"{_dims(plan.inputs.get('q'))} and {_dims(plan.inputs.get('v'))}")
+    raw, shapes = _described_inputs(plan)
     q = raw[FORWARD_TENSORS.index("q")]
     fp32 = _core.dtype_codes["float32"]
 
@@ -567,17 +584,5 @@ def validate_backward_call(plan: Plan) -> tuple:
     for grad, name in (("dA_log", "A_log"), ("ddt_bias", "dt_bias"), ("d_initial_state", "initial_state")):
         d = like(name)
         wanted[grad] = None if d is None or name not in plan.grad else (fp32 if name != "initial_state" else d[0], d[1])
-    address, grads = 256, []
-    for name in GRAD_TENSORS:
-        spec = wanted[name]
-        if spec is None:
-            grads.append(None)
-            continue
-        dtype, shape = spec
-        strides, numel = [], 1
-        for d in reversed(shape):
-            strides.append(numel)
-            numel *= max(int(d), 1)
-        grads.append((address, dtype, tuple(shape), tuple(reversed(strides)), q[4]))
-        address += (numel * _ELEMENT_BYTES.get(dtype, 8) + 255) // 256 * 256
+    grads = _placed([wanted[name] for name in GRAD_TENSORS], q[4])
     return _core.validate_backward_raw(tuple(raw), tuple(grads), *plan.settings)

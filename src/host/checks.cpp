@@ -109,4 +109,19 @@ bool overlaps(const TensorView& a, const TensorView& b) {
   return ra.begin < rb.end && rb.begin < ra.end;
 }
 
+ByteRange span_range(const TensorView& t) {
+  if (!t.defined() || t.numel() <= 0 || t.data == nullptr) return {};
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + uintptr_t(last + 1) * uintptr_t(dtype_size(t.dtype))};
+}
+
+bool spans_overlap(const TensorView& a, const TensorView& b) {
+  if (a.device != b.device || (a.device == DeviceType::CUDA && a.device_id != b.device_id)) return false;
+  const ByteRange ra = span_range(a), rb = span_range(b);
+  if (ra.begin == ra.end || rb.begin == rb.end) return false;
+  return ra.begin < rb.end && rb.begin < ra.end;
+}
+
 }  // namespace flash_kda::detail

@@ -53,4 +53,12 @@ ByteRange byte_range(const TensorView& t);
 /// True when both ranges are non-empty, live on the same device and share at least one byte.
 bool overlaps(const TensorView& a, const TensorView& b);
 
+/// [begin, end) bytes a view may touch whatever its strides: from its first element to one past
+/// its last (empty for an absent view or one with no elements).
+ByteRange span_range(const TensorView& t);
+/// True when both views' spans are non-empty, live on the same device and share a byte. A
+/// strided view's span includes the gaps between its rows, so interleaved views of one buffer
+/// count as overlapping: conservative, never a race.
+bool spans_overlap(const TensorView& a, const TensorView& b);
+
 }  // namespace flash_kda::detail

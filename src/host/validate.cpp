@@ -28,6 +28,7 @@ using detail::check_shape;
 using detail::device_str;
 using detail::dims_str;
 using detail::shape_str;
+using detail::spans_overlap;
 using detail::strides_str;
 
 using Named = detail::NamedView;
@@ -307,25 +308,6 @@ void check_sm90_subset(const ProblemShape& p) {
   if (slots > (kInt32Limit - 1) / p.value_heads)
     throw Error("q", "(N + ceil(T_total / 16)) * HV = " + std::to_string(slots) + " * " + std::to_string(p.value_heads) +
                          " must be < 2^31 (32-bit chunk indexing of the Sm90 kernels)");
-}
-
-// Byte range [begin, end) a defined view may touch: from its first element to one past its last,
-// whatever its strides (empty for a tensor with no elements).
-detail::ByteRange span_range(const TensorView& t) {
-  if (t.numel() <= 0 || t.data == nullptr) return {};
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
-  const auto begin = reinterpret_cast<uintptr_t>(t.data);
-  return {begin, begin + uintptr_t(last + 1) * uintptr_t(dtype_size(t.dtype))};
-}
-
-// Whether two views' spans share a byte (a strided view's span includes the gaps between its
-// rows, so interleaved views of one buffer count as overlapping: conservative, never a race).
-bool spans_overlap(const TensorView& a, const TensorView& b) {
-  if (a.device != b.device || (a.device == DeviceType::CUDA && a.device_id != b.device_id)) return false;
-  const detail::ByteRange ra = span_range(a), rb = span_range(b);
-  if (ra.begin == ra.end || rb.begin == rb.end) return false;
-  return ra.begin < rb.end && rb.begin < ra.end;
 }
 
 // Outputs are written while inputs are still being read, so any overlap is a race; the one

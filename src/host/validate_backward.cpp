@@ -91,22 +91,6 @@ std::vector<int64_t> state_dims(const ForwardArgs& f, const ProblemShape& p) {
              : std::vector<int64_t>{p.num_seqs, p.value_heads, p.head_dim_k, p.head_dim_v};
 }
 
-// Byte range [begin, end) a view may touch whatever its strides (empty without elements).
-ByteRange span(const TensorView& t) {
-  if (!t.defined() || t.numel() <= 0 || t.data == nullptr) return {};
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
-  const auto begin = reinterpret_cast<uintptr_t>(t.data);
-  return {begin, begin + uintptr_t(last + 1) * uintptr_t(dtype_size(t.dtype))};
-}
-
-bool spans_overlap(const TensorView& a, const TensorView& b) {
-  if (a.device != b.device || (a.device == DeviceType::CUDA && a.device_id != b.device_id)) return false;
-  const ByteRange ra = span(a), rb = span(b);
-  if (ra.begin == ra.end || rb.begin == rb.end) return false;
-  return ra.begin < rb.end && rb.begin < ra.end;
-}
-
 // Outputs are written while the inputs are read and while other outputs are written: none may
 // share a byte with an input or with another output.
 void check_aliasing(const BackwardArgs& a) {

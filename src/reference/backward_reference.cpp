@@ -11,12 +11,8 @@
 //   dS1 = dS2 + k du^T;  dk += S1 du;  da_i = d_i sum_j dS1_ij S0_ij;  dS0 = diag(d) dS1
 // then q, k through the L2 norm, a through the gate, b through the sigmoid (common/gate.h).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <exception>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/gate.h"
@@ -24,6 +20,7 @@
 #include "host/backward_checks.h"
 #include "host/problem.h"
 #include "reference/element_io.h"
+#include "reference/parallel.h"
 
 namespace flash_kda {
 namespace {
@@ -186,29 +183,8 @@ void run_pair(Job& job, int64_t n, int64_t hv) {
 }
 
 void run_all(Job& job, int num_threads) {
-  const int64_t tasks = job.p.num_seqs * job.p.value_heads;
-  if (num_threads <= 0) num_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int64_t workers = std::min<int64_t>(num_threads, tasks);
-  std::atomic<int64_t> next{0};
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
-  auto work = [&] {
-    try {
-      for (int64_t t = next++; t < tasks; t = next++) run_pair(job, t / job.p.value_heads, t % job.p.value_heads);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
-      next = tasks;
-    }
-  };
-  if (workers <= 1) {
-    work();
-  } else {
-    std::vector<std::thread> pool;
-    for (int64_t i = 0; i < workers; ++i) pool.emplace_back(work);
-    for (auto& t : pool) t.join();
-  }
-  if (failure) std::rethrow_exception(failure);
+  reference_detail::for_each_pair(job.p.num_seqs, job.p.value_heads, num_threads,
+                                  [&](int64_t n, int64_t hv) { run_pair(job, n, hv); });
 }
 
 // dq (or dk) of one token and q/k head from the G value heads' gradients of x_hat, through the

@@ -2,18 +2,15 @@
 // in fp64. It is the yardstick for every GPU test, so it follows the spec literally (no chunked
 // algebra) and is made fast only by running (sequence, value head) pairs on separate threads.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <exception>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/gate.h"
 #include "flash_kda/forward.h"
 #include "host/problem.h"
 #include "reference/element_io.h"
+#include "reference/parallel.h"
 #include "reference/token_step.h"
 
 namespace flash_kda {
@@ -137,30 +134,8 @@ void run_head(const Plan& plan, int64_t n, int64_t hv) {
 /// Runs every (sequence, value head) pair on up to `num_threads` threads. Pairs share no
 /// state and write disjoint parts of the private buffers, so no locking is needed there.
 void run_all(const Plan& plan, int num_threads) {
-  const int64_t tasks = plan.p.num_seqs * plan.p.value_heads;
-  if (num_threads <= 0) num_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int64_t workers = std::min<int64_t>(num_threads, tasks);
-  std::atomic<int64_t> next{0};
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
-  auto work = [&] {
-    try {
-      for (int64_t t = next++; t < tasks; t = next++) run_head(plan, t / plan.p.value_heads, t % plan.p.value_heads);
-    } catch (...) {  // e.g. std::bad_alloc: re-thrown on the calling thread
-      std::lock_guard<std::mutex> lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
-      next = tasks;
-    }
-  };
-  if (workers <= 1) {
-    work();
-  } else {
-    std::vector<std::thread> pool;
-    pool.reserve(size_t(workers));
-    for (int64_t i = 0; i < workers; ++i) pool.emplace_back(work);
-    for (auto& t : pool) t.join();
-  }
-  if (failure) std::rethrow_exception(failure);
+  reference_detail::for_each_pair(plan.p.num_seqs, plan.p.value_heads, num_threads,
+                                  [&](int64_t n, int64_t hv) { run_head(plan, n, hv); });
 }
 
 }  // namespace

@@ -201,6 +201,39 @@ struct KdaProblem {
   }
 };
 
+/// Zero-filled fp64 gradients of a problem's inputs, one per input it has (absent where it has
+/// none), for reference_backward.
+struct Fp64Gradients {
+  HostTensor dq, dk, dv, dg, dbeta, dA_log, ddt_bias, d_initial_state;
+
+  explicit Fp64Gradients(const KdaProblem& p)
+      : dq(like(p.q)), dk(like(p.k)), dv(like(p.v)), dg(like(p.g)), dbeta(like(p.beta)), dA_log(like(p.A_log)),
+        ddt_bias(like(p.dt_bias)), d_initial_state(like(p.initial_state)) {}
+
+  /// The backward of `forward` (its out and final_state dropped: the backward takes the
+  /// forward's inputs only) with d_out, d_final_state (absent: none) and these gradients.
+  BackwardArgs args(const ForwardArgs& forward, HostTensor& d_out, HostTensor& d_final_state) {
+    BackwardArgs b;
+    b.forward = forward;
+    b.forward.out = {};
+    b.forward.final_state = {};
+    b.d_out = d_out.view();
+    b.d_final_state = d_final_state.view();
+    b.dq = dq.view();
+    b.dk = dk.view();
+    b.dv = dv.view();
+    b.dg = dg.view();
+    b.dbeta = dbeta.view();
+    b.dA_log = dA_log.view();
+    b.ddt_bias = ddt_bias.view();
+    b.d_initial_state = d_initial_state.view();
+    return b;
+  }
+
+ private:
+  static HostTensor like(const HostTensor& t) { return t.defined() ? HostTensor(DType::F64, t.shape()) : HostTensor{}; }
+};
+
 /// Draws a fresh problem from `c` (never zeros): q, k ~ N(0, qk_std^2); v ~ N(0, 1); g ~ N(g_mean, g_std^2) for the
 /// SafeSigmoid and Softplus gates, U(pregated_min, 0) for PreGated; dt_bias ~ N(0, 0.1);
 /// initial_state ~ N(0, 0.5). Values are rounded to their tensor's dtype when stored.

@@ -20,6 +20,7 @@ using flash_kda::BackwardArgs;
 using flash_kda::DType;
 using flash_kda::GateMode;
 using flash_kda::StateLayout;
+using flash_kda::testing::Fp64Gradients;
 using flash_kda::testing::HostTensor;
 using flash_kda::testing::KdaConfig;
 using flash_kda::testing::KdaProblem;
@@ -72,34 +73,22 @@ TEST_P(BackwardReference, MatchesFiniteDifferences) {
   };
 
   // The analytic gradients, fp64.
-  auto grad_of = [](HostTensor& t) { return t.defined() ? HostTensor(DType::F64, t.shape()) : HostTensor{}; };
-  HostTensor dq = grad_of(prob.q), dk = grad_of(prob.k), dv = grad_of(prob.v), dg = grad_of(prob.g),
-             dbeta = grad_of(prob.beta), dA = grad_of(prob.A_log), ddt = grad_of(prob.dt_bias),
-             dh0 = grad_of(prob.initial_state);
-  BackwardArgs b;
-  b.forward = forward_args();
-  b.forward.out = {};
-  b.forward.final_state = {};
-  b.d_out = w_out.view();
-  b.d_final_state = w_fin.view();
-  b.dq = dq.view();
-  b.dk = dk.view();
-  b.dv = dv.view();
-  b.dg = dg.view();
-  b.dbeta = dbeta.view();
-  b.dA_log = dA.view();
-  b.ddt_bias = ddt.view();
-  b.d_initial_state = dh0.view();
-  flash_kda::reference_backward(b, 2);
+  Fp64Gradients grads(prob);
+  flash_kda::reference_backward(grads.args(forward_args(), w_out, w_fin), 2);
 
   struct Pair {
     const char* name;
     HostTensor* input;
     HostTensor* grad;
   };
-  const Pair pairs[] = {{"q", &prob.q, &dq},         {"k", &prob.k, &dk},       {"v", &prob.v, &dv},
-                        {"g", &prob.g, &dg},         {"beta", &prob.beta, &dbeta}, {"A_log", &prob.A_log, &dA},
-                        {"dt_bias", &prob.dt_bias, &ddt}, {"initial_state", &prob.initial_state, &dh0}};
+  const Pair pairs[] = {{"q", &prob.q, &grads.dq},
+                        {"k", &prob.k, &grads.dk},
+                        {"v", &prob.v, &grads.dv},
+                        {"g", &prob.g, &grads.dg},
+                        {"beta", &prob.beta, &grads.dbeta},
+                        {"A_log", &prob.A_log, &grads.dA_log},
+                        {"dt_bias", &prob.dt_bias, &grads.ddt_bias},
+                        {"initial_state", &prob.initial_state, &grads.d_initial_state}};
   for (const Pair& pr : pairs) {
     if (!pr.input->defined()) continue;
     double worst = 0, scale = 0;
@@ -165,19 +154,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, BackwardReference, ::testing::ValuesIn(cases()),
 TEST(BackwardReferenceErrors, BadCallsAreNamed) {
   KdaConfig cfg = small(GateMode::SafeSigmoid);
   KdaProblem prob = flash_kda::testing::make_random_problem(cfg);
-  HostTensor d_out(DType::F64, prob.out.shape());
-  HostTensor dq(DType::F64, prob.q.shape()), dk(DType::F64, prob.k.shape()), dv(DType::F64, prob.v.shape()),
-      dg(DType::F64, prob.g.shape()), dbeta(DType::F64, prob.beta.shape());
-  BackwardArgs b;
-  b.forward = prob.args();
-  b.forward.out = {};
-  b.forward.final_state = {};
-  b.d_out = d_out.view();
-  b.dq = dq.view();
-  b.dk = dk.view();
-  b.dv = dv.view();
-  b.dg = dg.view();
-  b.dbeta = dbeta.view();
+  HostTensor d_out(DType::F64, prob.out.shape()), no_d_final;
+  Fp64Gradients grads(prob);
+  BackwardArgs b = grads.args(prob.args(), d_out, no_d_final);
+  b.dA_log = b.ddt_bias = b.d_initial_state = {};  // the optional gradients not asked for
   EXPECT_NO_THROW(flash_kda::reference_backward(b));
   BackwardArgs bad = b;
   bad.dq = {};

@@ -1,6 +1,7 @@
 """Inputs of chunk_kda calls in fla's words, for the GPU tests of flash_kda.chunk_kda and of fla's
 dispatch to it (test_chunk_gpu.py, test_chunk_fla_dispatch.py), and the fp64 reference of each
-(flash_kda.reference with the gate and flags the call selects, fla's rules: flash_kda/_chunk.py).
+(flash_kda.reference with the gate and flags the call selects, fla's rules: flash_kda/_chunk.py;
+test_autograd_reference.py compares the yardstick with it).
 
 Realistic gate parameters (docs/kda-spec.md "Accuracy contract"): A_log = log U(1, 16), dt_bias
 small, lower_bound -5; raw g ~ N(0, 1); beta logits ~ N(0, 1)."""
@@ -130,7 +131,7 @@ def reference(args, kw, real: int | None = None):
     HV, Kd = v.shape[2], q.shape[3]
     return flash_kda.reference(
         q, k, v, g, beta, A_log=kw.get("A_log") if gate != "none" else None,
-        dt_bias=kw["dt_bias"].view(HV, Kd) if gate != "none" else None,
+        dt_bias=kw["dt_bias"].reshape(HV, Kd) if gate != "none" else None,
         lower_bound=kw.get("lower_bound") or -5.0, gate=gate, use_qk_l2norm=kw["use_qk_l2norm_in_kernel"],
         use_beta_sigmoid=kw["use_beta_sigmoid_in_kernel"], allow_neg_eigval=kw["allow_neg_eigval"],
         initial_state=kw.get("initial_state"), cu_seqlens=kw.get("cu_seqlens"),

@@ -24,6 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flash_kda  # noqa: E402
+from chunk_cases import reference  # noqa: E402
 
 FWD_TOL = 1e-12   # vs the C++ fp64 reference: two exact evaluations, different rounding
 GRAD_TOL = 1e-10  # vs the token loop's autograd gradients
@@ -113,20 +114,6 @@ def draw(c: Call, seed: int = 0):
     if c.lens is not None:
         kw["cu_seqlens"] = torch.tensor(np.concatenate([[0], np.cumsum(c.lens)]), dtype=torch.int64)
     return tuple(x.to(dt) for x in (q, k, v, g, beta)), kw
-
-
-def cpp_reference(args, kw):
-    """flash_kda.reference (C++, fp64, token by token) of the chunk_kda call (args, kw)."""
-    q, k, v, g, beta = args
-    gate = "none" if not kw["use_gate_in_kernel"] else ("softplus" if kw.get("lower_bound") is None else "safe")
-    HV, K = v.shape[2], q.shape[3]
-    return flash_kda.reference(
-        q, k, v, g, beta, A_log=kw.get("A_log") if gate != "none" else None,
-        dt_bias=kw["dt_bias"].reshape(HV, K) if gate != "none" else None,
-        lower_bound=kw.get("lower_bound") or -5.0, gate=gate, use_qk_l2norm=kw["use_qk_l2norm_in_kernel"],
-        use_beta_sigmoid=kw["use_beta_sigmoid_in_kernel"], allow_neg_eigval=kw["allow_neg_eigval"],
-        initial_state=kw.get("initial_state"), cu_seqlens=kw.get("cu_seqlens"),
-        state_layout="v_first" if kw["state_v_first"] else "k_first", output_final_state=True)
 
 
 def rel(x, ref) -> float:
@@ -237,7 +224,7 @@ FORWARD_CALLS = {
 def test_forward_equals_the_cpp_reference(name):
     args, kw = draw(FORWARD_CALLS[name], seed=11)
     o, ht = flash_kda.autograd_reference(*args, **kw)
-    ref_o, ref_ht = cpp_reference(args, kw)
+    ref_o, ref_ht = reference(args, kw)
     assert o.dtype == ht.dtype == torch.float64
     assert o.shape == args[2].shape and ht.shape == ref_ht.shape
     assert rel(o, ref_o) <= FWD_TOL and rel(ht, ref_ht) <= FWD_TOL, (rel(o, ref_o), rel(ht, ref_ht))
@@ -312,9 +299,9 @@ def test_extreme_decays_stay_finite_where_the_factorised_form_overflows():
         assert torch.isfinite(o).all() and torch.isfinite(ht).all(), gate
         for n, x in zip(names, grads):
             assert torch.isfinite(x).all(), (gate, n)
-        ref_o, ref_ht = cpp_reference([x.detach().float() for x in args],
-                                      {**kw, **{n: kw[n].detach().float() for n in ("A_log", "dt_bias",
-                                                                                   "initial_state") if n in kw}})
+        ref_o, ref_ht = reference([x.detach().float() for x in args],
+                                  {**kw, **{n: kw[n].detach().float() for n in ("A_log", "dt_bias", "initial_state")
+                                            if n in kw}})
         # fp32 copies of the fp64 leaves are exact: the draws were fp32.
         assert rel(o, ref_o) <= FWD_TOL and rel(ht, ref_ht) <= FWD_TOL, gate
 

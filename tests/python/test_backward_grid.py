@@ -46,16 +46,15 @@ set on first use (its forward kernels are pinned as in test_chunk_accuracy.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import zlib
 
 import pytest
 
 from chunk_cases import ChunkCase, make_call
 from fwd_cases import base_seed
 from grid_report import GridReport, fmt_err
-from test_chunk_accuracy import EXTREME, VARLEN_MIX, fla_triton
+from test_chunk_accuracy import (EXTREME, VARLEN_MIX, Point, flags_label, fla_or_reason, gate_label, point_seed,
+                                 shape_label)
 
 BOUND = 2e-2        # the issue's bound on each gradient's rel. Frobenius error vs the fp64 yardstick
 FLA_FACTOR = 1.1    # ours <= 1.1 x fla's error (+ FLA_SLACK): "at most fla's", with 10% for noise
@@ -70,18 +69,6 @@ GRADS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
 GRAD_LABELS = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta", "A_log": "dA_log",
                "dt_bias": "ddt_bias", "initial_state": "dh0"}
 GATE_NAMES = {"safe": "safe (lb -5)", "safe_no_A": "safe, no A_log", "softplus": "softplus", "none": "log decay"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-    """One grid point: the chunk_kda call (case) and whether its gate law is an extreme."""
-
-    case: ChunkCase
-    extreme: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.case.name
 
 
 def _fixed(name: str, gate: str, H: int, T: int, state, **kw) -> ChunkCase:
@@ -125,29 +112,6 @@ GRID = _grid()
 COLUMNS = ("case", "gate", "shape / lengths", "heads (H/HV)", "state", "flags",
            *(f"{GRAD_LABELS[n]} ours / fla" for n in GRADS), "verdict")
 REPORT = GridReport("backward-grid", COLUMNS)
-
-
-def gate_label(point: Point) -> str:
-    return GATE_NAMES[point.case.gate] + (" extreme" if point.extreme else "")
-
-
-def shape_label(case: ChunkCase) -> str:
-    if case.lens is None:
-        return f"B{case.batch} x T{case.seqlen}"
-    mix = " (varlen mix)" if tuple(case.lens) == VARLEN_MIX else ""
-    return f"varlen {len(case.lens)} seqs, {sum(case.lens)} tok{mix}"
-
-
-def flags_label(case: ChunkCase) -> str:
-    flags = [name for name, on in (("k-first", not case.state_v_first), ("no l2norm", not case.l2norm),
-                                   ("beta activated", not case.beta_sigmoid),
-                                   ("neg eigval", case.allow_neg_eigval)) if on]
-    return ", ".join(flags) or "-"
-
-
-def point_seed(point: Point) -> int:
-    """Per-point seed derived from the run seed, so points differ but a run replays."""
-    return (base_seed() ^ zlib.crc32(point.name.encode())) & 0x7FFFFFFF
 
 
 def differentiable(kw: dict) -> tuple:
@@ -245,16 +209,12 @@ def _call_grads(fn, args, kw, names, dtypes, do, dht, cast_in_graph=False):
 
 def run_fla(args, kw, names, do, dht):
     """fla's gradients {name: tensor or None}, or a string saying why there are none."""
-    import os
-
     import torch
 
     from flash_kda.bench.impls import count_flash_kda_calls
 
-    fn = fla_triton()
+    fn = fla_or_reason()
     if isinstance(fn, str):
-        if os.environ.get("FLASH_KDA_REQUIRE_FLA") == "1":
-            pytest.fail(f"FLASH_KDA_REQUIRE_FLA=1 but {fn}")
         return fn
     try:
         with count_flash_kda_calls() as calls, torch.enable_grad():
@@ -304,7 +264,7 @@ def test_backward_vs_yardstick_and_fla(cuda_sm90, point):
         f = fla_err if isinstance(fla_err, str) else fla_err[n]
         return f"{fmt_err(ours_err[n])} / {'-' if isinstance(f, str) else fmt_err(f)}"
 
-    REPORT.keep(case.name, [case.name, gate_label(point), shape_label(case), f"{case.heads}/{case.hv}",
+    REPORT.keep(case.name, [case.name, gate_label(point, GATE_NAMES), shape_label(case), f"{case.heads}/{case.hv}",
                             case.state or "none", flags_label(case), *(cell(n) for n in GRADS), text])
     assert not failures, f"{where}: " + "; ".join(failures)
 

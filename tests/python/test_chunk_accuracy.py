@@ -171,8 +171,8 @@ def reference_steps(point: Point) -> int:
     return tokens * (len(spread_heads(c.hv, SAMPLED_HEADS) or range(c.hv)))
 
 
-def gate_label(point: Point) -> str:
-    return GATE_NAMES[point.case.gate] + (" extreme" if point.extreme else "")
+def gate_label(point: Point, names: dict = GATE_NAMES) -> str:
+    return names[point.case.gate] + (" extreme" if point.extreme else "")
 
 
 def shape_label(case: ChunkCase) -> str:
@@ -281,6 +281,15 @@ def fla_triton():
     return inspect.unwrap(chunk_kda)
 
 
+def fla_or_reason():
+    """fla_triton(): fla's Triton chunk_kda, or the reason it cannot be had, which fails the test
+    under FLASH_KDA_REQUIRE_FLA=1."""
+    fn = fla_triton()
+    if isinstance(fn, str) and os.environ.get("FLASH_KDA_REQUIRE_FLA") == "1":
+        pytest.fail(f"FLASH_KDA_REQUIRE_FLA=1 but {fn}")
+    return fn
+
+
 def run_fla(args, kw):
     """fla's (out, final state) on the same call, or a string saying why there is none. fla's
     Triton path asserts an fp32 initial state: a bf16 one is widened (exactly) for fla only."""
@@ -288,10 +297,8 @@ def run_fla(args, kw):
 
     from flash_kda.bench.impls import count_flash_kda_calls
 
-    fn = fla_triton()
+    fn = fla_or_reason()
     if isinstance(fn, str):
-        if os.environ.get("FLASH_KDA_REQUIRE_FLA") == "1":
-            pytest.fail(f"FLASH_KDA_REQUIRE_FLA=1 but {fn}")
         return fn
     kw = dict(kw)
     if kw.get("initial_state") is not None:

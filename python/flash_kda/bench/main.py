@@ -162,64 +162,54 @@ def keep_record_decode(results: dict, path) -> dict:
     list and `decode_run`), so that a forward --write-record replaces the forward sections
     and keeps the decode one. A missing or unreadable record, or a run that has its own
     decode points, gives the results unchanged."""
-    import json
-
-    if results.get("decode"):
-        return results
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return results
-    if not isinstance(record, dict) or not record.get("decode"):
-        return results
-    # A record of the decode table alone has its run's metadata at the top level.
-    run = record.get("decode_run") or {key: record[key] for key in report.DECODE_RUN_KEYS if key in record}
-    return report.merge_decode(results, {"decode": record["decode"], **run})
+    return _keep_record_section(results, path, "decode", report.DECODE_RUN_KEYS, report.merge_decode)
 
 
 def keep_record_train(results: dict, path) -> dict:
     """A forward run's results with the training table of the record at `path` (its `train`
     list and `train_run`), so that a forward --write-record keeps it. A missing or unreadable
     record, or a run that has its own training cases, gives the results unchanged."""
+    return _keep_record_section(results, path, "train", report.TRAIN_RUN_KEYS, report.merge_train)
+
+
+def _keep_record_section(results: dict, path, key: str, run_keys: tuple, merge) -> dict:
+    """The results merged (merge) with the `key` list of the record at `path` and its run's
+    metadata (`{key}_run`, or the run_keys at the record's top level); the results unchanged
+    when they have their own `key` list or the record is missing, unreadable or without one."""
     import json
 
-    if results.get("train"):
+    if results.get(key):
         return results
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return results
-    if not isinstance(record, dict) or not record.get("train"):
+    if not isinstance(record, dict) or not record.get(key):
         return results
-    run = record.get("train_run") or {key: record[key] for key in report.TRAIN_RUN_KEYS if key in record}
-    return report.merge_train(results, {"train": record["train"], **run})
+    # A record of this section alone has its run's metadata at the top level.
+    run = record.get(f"{key}_run") or {k: record[k] for k in run_keys if k in record}
+    return merge(results, {key: record[key], **run})
 
 
 def write_train_record(results: dict, root, written: list) -> None:
     """--train --write-record: the training cases become the `train` list of the record's
     BENCHMARK_H200.json (its forward `cases`, decode table, meta and chart are kept) and the
     training section of BENCHMARK_H200.md, re-rendered from the merged record."""
-    import json
-
-    path = root / cli.RECORD_JSON
-    try:
-        record = json.loads(path.read_text())
-        if not isinstance(record, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as err:
-        print(f"[flash_kda.bench] {path} unreadable ({err}): the record gets the training table alone", file=sys.stderr)
-        record = {"meta": results.get("meta", {}), "cases": []}
-    merged = report.merge_train(record, results)
-    chart = cli.RECORD_CHART if (root / cli.RECORD_CHART).is_file() and merged.get("cases") else None
-    report.write_markdown(merged, root / cli.RECORD_NAME, chart)
-    report.write_json(merged, path)
-    written += [root / cli.RECORD_NAME, path]
+    _write_section_record(results, root, written, "training", report.merge_train)
 
 
 def write_decode_record(results: dict, root, written: list) -> None:
     """--decode --write-record: the decode points become the `decode` list of the record's
     BENCHMARK_H200.json (its forward `cases`, meta and chart are kept) and the decode
     section of BENCHMARK_H200.md, re-rendered from the merged record."""
+    _write_section_record(results, root, written, "decode", report.merge_decode)
+
+
+def _write_section_record(results: dict, root, written: list, section: str, merge) -> None:
+    """A run of one section (`section` names its table in the message): the record's
+    BENCHMARK_H200.json with merge(record, results), and BENCHMARK_H200.md re-rendered from it
+    (with the record's chart when it has one and forward cases). An unreadable record is
+    replaced by one holding this section alone."""
     import json
 
     path = root / cli.RECORD_JSON
@@ -228,9 +218,9 @@ def write_decode_record(results: dict, root, written: list) -> None:
         if not isinstance(record, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as err:
-        print(f"[flash_kda.bench] {path} unreadable ({err}): the record gets the decode table alone", file=sys.stderr)
+        print(f"[flash_kda.bench] {path} unreadable ({err}): the record gets the {section} table alone", file=sys.stderr)
         record = {"meta": results.get("meta", {}), "cases": []}
-    merged = report.merge_decode(record, results)
+    merged = merge(record, results)
     chart = cli.RECORD_CHART if (root / cli.RECORD_CHART).is_file() and merged.get("cases") else None
     report.write_markdown(merged, root / cli.RECORD_NAME, chart)
     report.write_json(merged, path)

@@ -305,6 +305,27 @@ def format_layer(layer: dict) -> str:
     return s
 
 
+def _table_head(columns) -> list[str]:
+    """A Markdown table's header and alignment rows: the first column left-aligned, the others
+    right-aligned."""
+    return ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|"]
+
+
+def _table(columns, body: list[list[str]]) -> list[str]:
+    """A Markdown table of `columns` with one row per list of cell strings in `body`."""
+    return _table_head(columns) + ["| " + " | ".join(row) + " |" for row in body]
+
+
+#: The machine and versions a decode or training section lists from its run's meta.
+SECTION_META_KEYS = ("gpu", "torch", "triton", "fla", "flash_kda", "date")
+
+
+def _section_head(title: str, run: dict) -> list[str]:
+    """A section's title line (blank lines around it) and its run's machine and versions."""
+    m = run.get("meta", {})
+    return ["", title, ""] + [f"- {key}: {m[key]}" for key in SECTION_META_KEYS if key in m]
+
+
 def to_markdown(results: dict, chart: str | None = None) -> str:
     """The Markdown report: header with machine and versions, the table, notes, chart link."""
     m = results.get("meta", {})
@@ -329,8 +350,7 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
         for v, sub in groups:
             if sectioned:
                 md += ["", f"## {variant_label(v)[0].upper() + variant_label(v)[1:]}"]
-            md += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(COLUMNS) - 1)) + "|"]
-            md += ["| " + " | ".join(row) + " |" for row in rows(sub)]
+            md += [""] + _table(COLUMNS, rows(sub))
             g = geomean_line(sub) or (plain_geomean_line(sub) if sectioned else None)
             if g is not None:
                 md += ["", f"- {g}"]
@@ -388,7 +408,7 @@ def readme_table(results: dict) -> list[str]:
     (ms), then the eager geometric means."""
     head = ["case", "flash_kda ms", "graph ms", "fla ms (same run)", "fla graph ms",
             "FlashKDA ms (anchor, not this run)", "HBM floor ms"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    lines = _table_head(head)
     cols: dict = {"flash_kda": [], "fla": [], "anchor": []}
     for r in results.get("cases", []):
         if not is_plain(variant_of(r["case"])):
@@ -572,16 +592,10 @@ def decode_markdown(results: dict) -> list[str]:
     if not results.get("decode"):
         return []
     run = results.get("decode_run", results)
-    m = run.get("meta", {})
-    md = ["", "## Decode (`python -m flash_kda.bench --decode`)", ""]
-    for key in ("gpu", "torch", "triton", "fla", "flash_kda", "date"):
-        if key in m:
-            md.append(f"- {key}: {m[key]}")
+    md = _section_head("## Decode (`python -m flash_kda.bench --decode`)", run)
     if run.get("copy_bandwidth"):
         md.append(f"- device-to-device copy bandwidth (this run): {run['copy_bandwidth'] / 1e12:.2f} TB/s")
-    md += ["", "| " + " | ".join(DECODE_COLUMNS) + " |",
-           "|" + "|".join(["---"] + ["---:"] * (len(DECODE_COLUMNS) - 1)) + "|"]
-    md += ["| " + " | ".join(row) + " |" for row in decode_rows(results)]
+    md += [""] + _table(DECODE_COLUMNS, decode_rows(results))
     md += [""] + [f"- {line}" for line in decode_summary(results) + [DECODE_NOTE] + _decode_errors(results)]
     return md
 
@@ -593,10 +607,16 @@ DECODE_RUN_KEYS = ("meta", "copy_bandwidth", "settings", "planned_decode")
 def merge_decode(record: dict, decode_results: dict) -> dict:
     """The record with the decode run's points as its top-level `decode` list and the decode
     run's meta, copy bandwidth and settings as `decode_run`; the forward `cases` are kept."""
+    return _merge_section(record, decode_results, "decode", DECODE_RUN_KEYS)
+
+
+def _merge_section(record: dict, results: dict, key: str, run_keys: tuple) -> dict:
+    """The record (its forward `cases` kept, an empty list where it has none) with the run's
+    `key` list in place of its own and the run's run_keys entries as `{key}_run`."""
     merged = dict(record)
     merged.setdefault("cases", [])
-    merged["decode"] = decode_results.get("decode", [])
-    merged["decode_run"] = {key: decode_results[key] for key in DECODE_RUN_KEYS if key in decode_results}
+    merged[key] = results.get(key, [])
+    merged[f"{key}_run"] = {k: results[k] for k in run_keys if k in results}
     return merged
 
 
@@ -679,16 +699,11 @@ def train_markdown(results: dict) -> list[str]:
     if not results.get("train"):
         return []
     run = results.get("train_run", results)
-    m = run.get("meta", {})
-    md = ["", "## Training (`python -m flash_kda.bench --train`)", ""]
-    for key in ("gpu", "torch", "triton", "fla", "flash_kda", "date"):
-        if key in m:
-            md.append(f"- {key}: {m[key]}")
+    md = _section_head("## Training (`python -m flash_kda.bench --train`)", run)
     s = run.get("settings", {})
     if s:
         md.append(f"- settings: {s.get('iters')} timed steps after {s.get('warmup')} warm-up, seed {s.get('seed')}")
-    md += ["", "| " + " | ".join(TRAIN_COLUMNS) + " |", "|" + "|".join(["---"] + ["---:"] * (len(TRAIN_COLUMNS) - 1)) + "|"]
-    md += ["| " + " | ".join(row) + " |" for row in train_rows(results)]
+    md += [""] + _table(TRAIN_COLUMNS, train_rows(results))
     md += [""] + [f"- {line}" for line in train_summary(results)]
     return md
 
@@ -700,8 +715,4 @@ TRAIN_RUN_KEYS = ("meta", "settings", "planned_train")
 def merge_train(record: dict, train_results: dict) -> dict:
     """The record with the training run's cases as its top-level `train` list and the training
     run's meta and settings as `train_run`; the forward `cases` and the decode table are kept."""
-    merged = dict(record)
-    merged.setdefault("cases", [])
-    merged["train"] = train_results.get("train", [])
-    merged["train_run"] = {key: train_results[key] for key in TRAIN_RUN_KEYS if key in train_results}
-    return merged
+    return _merge_section(record, train_results, "train", TRAIN_RUN_KEYS)
