@@ -17,7 +17,8 @@ pytestmark = pytest.mark.cuda_sm90
 #: Gradients carry the forward's bf16 rounding through the backward's chunked algebra: a
 #: relative Frobenius bound of 2e-2 per gradient (twice the forward's 1e-2).
 GRAD_BOUND = 2e-2
-#: The cases the backward serves (no use_graph padding, no strided views: both are inference forms).
+#: The cases compared with the yardstick (use_graph padding is an inference form; strided views
+#: have their own test below, against contiguous copies of the same values).
 TRAINED = [c for c in CASES if c.name in ("safe", "safe_no_A_log", "softplus", "pre_gated", "gva", "k_first",
                                           "mixed_states_bf16_initial")]
 NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
@@ -85,3 +86,35 @@ def test_compiled_training_equals_eager_and_is_deterministic(cuda_sm90):
     for name in eager:
         assert torch.equal(eager[name], again[name]), f"d{name} differs between two runs"
         assert torch.equal(eager[name], compiled[name]), f"d{name} differs under torch.compile"
+
+
+def test_strided_views_train_like_contiguous_copies(cuda_sm90):
+    """A training call on views of one fused projection (q, k, v, g and beta rows a whole
+    projection apart, as a model's fused qkv layer hands them over) with the zero-stride d_out
+    of a .sum(): every gradient equals, bit for bit, the one of contiguous copies of the same
+    values, and the projection's unused (alignment) columns get zero."""
+    import torch
+
+    import flash_kda
+
+    case = next(c for c in CASES if c.name == "strided_views")
+    args, kw, _ = make_call(case, cuda_sm90)
+    base = args[0]._base
+    assert base is not None and all(a._base is base for a in args), "make_call's views share one projection"
+    fused = base.detach().clone().requires_grad_()
+    views = [fused.as_strided(a.shape, a.stride(), a.storage_offset()) for a in args]
+    assert not any(v.is_contiguous() for v in views)
+    copies = [a.detach().contiguous().requires_grad_() for a in args]
+
+    def grads(inputs, leaves):
+        out, final = flash_kda.chunk_kda(*inputs, **kw)
+        r2 = torch.randn(final.shape, generator=torch.Generator().manual_seed(3)).to(final.device)
+        return torch.autograd.grad(out.sum() + (final * r2).sum(), leaves)  # out.sum(): a zero-stride d_out
+
+    (d_fused,) = grads(views, [fused])
+    d_copies = grads(copies, copies)
+    used = torch.zeros_like(fused, dtype=torch.bool)
+    for name, v, d in zip(("q", "k", "v", "g", "beta"), views, d_copies):
+        assert torch.equal(d_fused.as_strided(v.shape, v.stride(), v.storage_offset()), d), f"d{name} differs"
+        used.as_strided(v.shape, v.stride(), v.storage_offset()).fill_(True)
+    assert bool((d_fused[~used] == 0).all()), "an unused column got a gradient"
