@@ -6,7 +6,8 @@
 #   3. runs ctest, scripts/sanitize.py (compute-sanitizer memcheck + racecheck), the GPU forward
 #      suite (tests/python/test_fwd_*.py, -n with pytest-xdist) while scripts/warm_fla.py compiles
 #      fla's Triton kernels for the benchmark's shapes on the other cores, then
-#      `python -m flash_kda.bench` alone on the GPU, the rest of the pytest suite and the
+#      `python -m flash_kda.bench` alone on the GPU, the rest of the pytest suite, the backward's
+#      gradient grid (tests/python/test_backward_grid.py, its own step) and the
 #      large_memory test alone;
 #   4. prints the accuracy tables (flash_kda.fwd's grid, accuracy.md; flash_kda.chunk_kda's,
 #      chunk-accuracy.md) and, last, a summary table (passed/failed/skipped per suite,
@@ -159,13 +160,21 @@ fi
 if ((TESTS)); then
   # shellcheck disable=SC2086
   run_step pytest-rest 240 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python -v -rs -p no:cacheprovider "${XDIST[@]}" \
-    --ignore-glob='*/test_fwd_*.py' --junitxml="$LOG/pytest-rest.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+    --ignore-glob='*/test_fwd_*.py' --ignore=tests/python/test_backward_grid.py --timeout=150 \
+    --junitxml="$LOG/pytest-rest.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+  # The backward's gradient grid on its own: fla's Triton backward compiles per shape family
+  # (minutes on a fresh machine), so it gets all the cores and its own limit; a run cut short
+  # still leaves each finished point's row in backward-grid-rows-*.json.
+  # shellcheck disable=SC2086
+  run_step pytest-backward 300 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_backward_grid.py -v -rs \
+    -p no:cacheprovider ${XDIST:+-n "$JOBS"} --timeout=200 --junitxml="$LOG/pytest-backward.xml" ${GPU_CHECK_PYTEST_ARGS:-}
   # The test that needs most of the GPU's memory, alone.
   # shellcheck disable=SC2086
   run_step pytest-gpu-large 120 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs -p no:cacheprovider \
     -m large_memory --junitxml="$LOG/pytest-gpu-large.xml" ${GPU_CHECK_PYTEST_ARGS:-}
 else
   skip_step pytest-rest "GPU_CHECK_SKIP_TESTS=1"
+  skip_step pytest-backward "GPU_CHECK_SKIP_TESTS=1"
   skip_step pytest-gpu-large "GPU_CHECK_SKIP_TESTS=1"
 fi
 
@@ -198,7 +207,8 @@ STATUS_DUMP=$STATUS_DUMP LOG=$LOG "$PY" - <<'PYEOF'
 # Summary table: one row per step; test counts from the junit XML that ctest and pytest wrote.
 import os, re, xml.etree.ElementTree as ET
 log = os.environ["LOG"]
-junit = {"ctest": "ctest.xml", "pytest-rest": "pytest-rest.xml", "pytest-gpu": "pytest-gpu.xml",
+junit = {"ctest": "ctest.xml", "pytest-rest": "pytest-rest.xml", "pytest-backward": "pytest-backward.xml",
+         "pytest-gpu": "pytest-gpu.xml",
          "pytest-gpu-large": "pytest-gpu-large.xml"}
 
 def counts(path):
