@@ -231,7 +231,7 @@ def output_shapes(plan: Plan) -> tuple[tuple, tuple | None] | None:
     dq, dv = _dims(q), _dims(v)
     if len(dq) != 4 or len(dv) != 4:
         return None
-    out = tuple(map(int, dv))
+    out = tuple(dv)  # as given: under torch.compile a dynamic length stays symbolic
     if not plan.output_final_state:
         return out, None
     kd, vd = int(dq[3]), int(dv[3])

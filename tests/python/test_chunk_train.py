@@ -232,3 +232,24 @@ def test_gva_gradients_have_the_inputs_shapes(kernels):
     assert o.shape == (B, L, 2 * H, K) and s.shape == (B, 2 * H, K, K)
     (o.float().sum() + s.sum()).backward()
     assert x["q"].grad.shape == (B, L, H, K) and x["beta"].grad.shape == (B, L, 2 * H)
+
+
+def test_training_compiles_with_a_dynamic_sequence_length(kernels):
+    """torch.compile(fullgraph=True) with T marked dynamic (torch._dynamo.mark_dynamic): out's
+    shape follows the symbolic T instead of specialising it, so one graph serves every length."""
+
+    def f(q, k, v, g, beta, A_log, dt_bias, h0):
+        o, s = flash_kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                   use_beta_sigmoid_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+        return (o.float() * 2).sum() + s.sum()
+
+    x = _inputs()
+    args = [x[n] for n in _chunk.GRAD_INPUTS]
+    for a in args[:5]:
+        torch._dynamo.mark_dynamic(a, 1)
+    torch._dynamo.reset()
+    kernels.clear()
+    loss = torch.compile(f, fullgraph=True, backend="aot_eager")(*args)
+    loss.backward()
+    assert [k[0] for k in kernels] == ["forward", "backward"]
