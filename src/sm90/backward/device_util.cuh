@@ -1,10 +1,8 @@
-// Small device helpers of the backward kernels: a deterministic block sum and fp32-or-bf16
-// stores.
+// Small device helpers of the backward kernels: a deterministic block sum and the flat token's
+// sequence.
 #pragma once
 
 #include <cstdint>
-
-#include <cuda_bf16.h>
 
 namespace flash_kda::sm90::bwd {
 
@@ -22,14 +20,6 @@ __device__ __forceinline__ float block_sum(float x, float* scratch) {
   for (int w = 0; w < kThreads / 32; ++w) s += scratch[w];
   __syncthreads();
   return s;
-}
-
-/// Stores x to element i of an fp32 (`is_f32`) or bf16 tensor, rounding to nearest for bf16.
-__device__ __forceinline__ void store_f(void* base, int64_t i, float x, bool is_f32) {
-  if (is_f32)
-    static_cast<float*>(base)[i] = x;
-  else
-    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
 }
 
 /// The flat token's sequence for a RowLayout: fixed length, tok / T (RowLayout::offset needs it);

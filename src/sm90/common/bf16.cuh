@@ -35,6 +35,15 @@ __device__ __forceinline__ float load_f(const void* base, int64_t i, bool is_f32
                 : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
 }
 
+/// Stores x as element i of a tensor that is fp32 or bf16 (`is_f32`), rounding to nearest for
+/// bf16: the outputs and states whose dtype the caller picks.
+__device__ __forceinline__ void store_f(void* base, int64_t i, float x, bool is_f32) {
+  if (is_f32)
+    static_cast<float*>(base)[i] = x;
+  else
+    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
+}
+
 /// The fp32-or-bf16 element (`is_f32`) at `byte_offset` bytes from `base`, as fp32: inputs
 /// addressed through a RowLayout (beta).
 __device__ __forceinline__ float load_f_at(const void* base, int64_t byte_offset, bool is_f32) {

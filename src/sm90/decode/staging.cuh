@@ -62,11 +62,6 @@ __device__ __forceinline__ void copy4_async(void* dst, int64_t dst_i, const void
   }
 }
 
-__device__ __forceinline__ void store_f(void* base, int64_t i, float x, bool f32) {
-  if (f32) static_cast<float*>(base)[i] = x;
-  else static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
-}
-
 __device__ __forceinline__ int64_t load_index(const void* base, int64_t i, bool is64) {
   return is64 ? static_cast<const int64_t*>(base)[i] : int64_t(static_cast<const int32_t*>(base)[i]);
 }
