@@ -18,19 +18,8 @@
 namespace flash_kda::sm90 {
 namespace {
 
-RowLayout row_layout(const TensorView& t, const ProblemShape& p) {
-  const int64_t es = dtype_size(t.dtype);
-  RowLayout r;
-  r.seq_stride = p.varlen ? 0 : t.strides[0] * es;
-  r.seq_tokens = p.varlen ? 0 : p.seqlen;
-  r.token_stride = t.strides[1] * es;
-  r.head_stride = t.strides[2] * es;
-  return r;
-}
-
 TensorView device_view(void* data, DType dtype, std::initializer_list<int64_t> shape, int device) {
-  TensorView t = make_tensor(data, dtype, shape, DeviceType::CUDA, device);
-  return t;
+  return make_tensor(data, dtype, shape, DeviceType::CUDA, device);
 }
 
 }  // namespace

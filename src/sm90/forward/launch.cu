@@ -16,20 +16,6 @@
 namespace flash_kda::sm90 {
 namespace {
 
-// The byte strides of a validated per-token tensor ([B, T, heads, D] or [B, T, HV] for beta;
-// row_layout.h): the head dimension is dimension 2 in both.
-RowLayout row_layout(const TensorView& t, const ProblemShape& p) {
-  const int64_t es = dtype_size(t.dtype);
-  RowLayout r;
-  r.token_stride = t.strides[1] * es;
-  // A batch of one has no second entry: its stride is taken as T tokens, so that the layout is
-  // flat() (and dense() when contiguous) whatever the view's outer stride.
-  r.seq_stride = p.varlen ? 0 : p.batch == 1 ? p.seqlen * r.token_stride : t.strides[0] * es;
-  r.seq_tokens = p.varlen ? 0 : p.seqlen;
-  r.head_stride = t.strides[2] * es;
-  return r;
-}
-
 // Stage 1's parameter block for a validated call, all but the sequence index and the window
 // (seqs, records, slot_begin, slot_end), with the row form of its inputs.
 PrepareParams prepare_params(const ForwardArgs& a, const ProblemShape& p) {
@@ -58,6 +44,18 @@ PrepareParams prepare_params(const ForwardArgs& a, const ProblemShape& p) {
 }
 
 }  // namespace
+
+RowLayout row_layout(const TensorView& t, const ProblemShape& p) {
+  const int64_t es = dtype_size(t.dtype);
+  RowLayout r;
+  r.token_stride = t.strides[1] * es;
+  // A batch of one has no second entry: its stride is taken as T tokens, so that the layout is
+  // flat() (and dense() when contiguous) whatever the view's outer stride.
+  r.seq_stride = p.varlen ? 0 : p.batch == 1 ? p.seqlen * r.token_stride : t.strides[0] * es;
+  r.seq_tokens = p.varlen ? 0 : p.seqlen;
+  r.head_stride = t.strides[2] * es;
+  return r;
+}
 
 RowForm prepare_form(const ForwardArgs& args, const ProblemShape& p) { return prepare_params(args, p).row_form; }
 

@@ -23,6 +23,11 @@ size_t workspace_bytes(const ProblemShape& p, const LaunchOptions& options);
 void launch_forward(const ForwardArgs& args, const ProblemShape& p, const LaunchOptions& options, void* workspace,
                     size_t have, const WorkspaceAllocator* allocate, Stream stream);
 
+/// The byte strides of a validated per-token tensor ([B, T, heads, D], or [B, T, HV] for beta;
+/// row_layout.h: the head dimension is dimension 2 in both), as every kernel reading such a
+/// tensor addresses it.
+RowLayout row_layout(const TensorView& t, const ProblemShape& p);
+
 /// The row form the prepare kernel takes for a call validated for Target::Sm90 (plan.h,
 /// prepare_row_form): tests check with it that their inputs select the form they mean to run.
 RowForm prepare_form(const ForwardArgs& args, const ProblemShape& p);
