@@ -109,6 +109,15 @@ bool overlaps(const TensorView& a, const TensorView& b) {
   return ra.begin < rb.end && rb.begin < ra.end;
 }
 
+void check_view_strides(const TensorView& t, const char* name) {
+  if (t.numel() == 0) return;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1 && t.strides[d] < 0) throw Error(name, "strides must be >= 0, got strides " + strides_str(t));
+  const int last = t.ndim - 1;
+  if (t.shape[last] != 1 && t.strides[last] != 1)
+    throw Error(name, "last dimension must have unit stride (strides [.., 1]), got strides " + strides_str(t));
+}
+
 ByteRange span_range(const TensorView& t) {
   if (!t.defined() || t.numel() <= 0 || t.data == nullptr) return {};
   int64_t last = 0;

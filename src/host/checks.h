@@ -53,6 +53,10 @@ ByteRange byte_range(const TensorView& t);
 /// True when both ranges are non-empty, live on the same device and share at least one byte.
 bool overlaps(const TensorView& a, const TensorView& b);
 
+/// A view read row by row: strides >= 0 in every dimension of extent > 1 and a unit stride in
+/// the last one (Error naming `name` otherwise). Nothing to check for a view with no elements.
+void check_view_strides(const TensorView& t, const char* name);
+
 /// [begin, end) bytes a view may touch whatever its strides: from its first element to one past
 /// its last (empty for an absent view or one with no elements).
 ByteRange span_range(const TensorView& t);

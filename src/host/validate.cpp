@@ -64,12 +64,8 @@ bool is_activation(const TensorSpec& spec) {
 // alignment alone for beta, whose rows are HV scalars.
 void check_activation_strides(const TensorView& t, const char* name, Target target) {
   if (t.numel() == 0) return;
-  for (int d = 0; d < t.ndim; ++d)
-    if (t.shape[d] > 1 && t.strides[d] < 0)
-      throw Error(name, "strides must be >= 0, got strides " + strides_str(t));
+  detail::check_view_strides(t, name);
   const int last = t.ndim - 1;
-  if (t.shape[last] != 1 && t.strides[last] != 1)
-    throw Error(name, "last dimension must have unit stride (strides [.., 1]), got strides " + strides_str(t));
   if (target != Target::Sm90) return;
   const bool rows16 = std::string_view(name) != "beta";
   const int64_t es = dtype_size(t.dtype);

@@ -15,7 +15,8 @@
 namespace flash_kda::detail {
 namespace {
 
-constexpr DTypeSet kFloat = dtype_bit(DType::BF16) | dtype_bit(DType::F32);
+using call_table_detail::kFloat;
+using call_table_detail::kFloatOrF64;
 constexpr DTypeSet kF64 = dtype_bit(DType::F64);
 
 // The forward's outputs and the serving features the backward leaves out, each with why.
@@ -31,8 +32,6 @@ void check_forward_outputs_absent(const ForwardArgs& f) {
   if (f.intermediate_offsets.defined())
     throw Error("intermediate_offsets", "intermediate states are not supported by the backward; pass none");
 }
-
-std::string dtypes_str(DTypeSet set) { return dtype_list(set); }
 
 // Device and basic sanity of a given gradient tensor: on q's device (CUDA for Sm90, the host
 // for the reference) and element aligned.
@@ -53,7 +52,7 @@ void check_place(const TensorView& t, const char* name, const TensorView& q, Tar
 
 void check_dtype_in(const TensorView& t, const char* name, DTypeSet allowed, const std::string& rule) {
   if (!dtype_in(allowed, t.dtype))
-    throw Error(name, "expected dtype " + dtypes_str(allowed) + (rule.empty() ? "" : " (" + rule + ")") + ", got " +
+    throw Error(name, "expected dtype " + dtype_list(allowed) + (rule.empty() ? "" : " (" + rule + ")") + ", got " +
                           dtype_name(t.dtype));
 }
 
@@ -77,12 +76,8 @@ void check_d_out(const BackwardArgs& a, const ProblemShape& p, Target target) {
   require_present(t, "d_out");
   check_place(t, "d_out", a.forward.q, target);
   check_shape(t, "d_out", {p.batch, p.seqlen, p.value_heads, p.head_dim_v}, "[B, T, HV, V]", "like out");
-  check_dtype_in(t, "d_out", target == Target::Sm90 ? kFloat : kFloat | kF64, "");
-  if (t.numel() == 0) return;
-  for (int d = 0; d < t.ndim; ++d)
-    if (t.shape[d] > 1 && t.strides[d] < 0) throw Error("d_out", "strides must be >= 0, got strides " + strides_str(t));
-  if (t.shape[3] != 1 && t.strides[3] != 1)
-    throw Error("d_out", "last dimension must have unit stride (strides [.., 1]), got strides " + strides_str(t));
+  check_dtype_in(t, "d_out", target == Target::Sm90 ? kFloat : kFloatOrF64, "");
+  check_view_strides(t, "d_out");
 }
 
 std::vector<int64_t> state_dims(const ForwardArgs& f, const ProblemShape& p) {
@@ -129,7 +124,7 @@ ProblemShape check_backward(const BackwardArgs& a, Target target) {
                 f.state_layout == StateLayout::VFirst ? "[N, HV, V, K] (v-first state layout)"
                                                       : "[N, HV, K, V] (k-first state layout)",
                 "like final_state in the call's state_layout");
-    check_dtype_in(a.d_final_state, "d_final_state", target == Target::Sm90 ? kFloat : kFloat | kF64, "");
+    check_dtype_in(a.d_final_state, "d_final_state", target == Target::Sm90 ? kFloat : kFloatOrF64, "");
   }
   const struct {
     const TensorView* grad;
