@@ -1,7 +1,8 @@
 // The exact CPU reference of the KDA backward (include/flash_kda/backward.h): the recurrence of
-// docs/kda-spec.md differentiated token by token in reverse mode, in fp64. It follows the
-// token step of token_step.h line by line, so that it is a yardstick independent of the chunked
-// algebra the kernels use (src/sm90/backward/chunk_algebra.cuh).
+// docs/kda-spec.md differentiated token by token in reverse mode, in fp64. Its forward pass is
+// the reference forward's token step (token_step.h); the reverse pass follows that step line by
+// line, so that it is a yardstick independent of the chunked algebra the kernels use
+// (src/sm90/backward/chunk_algebra.cuh).
 //
 // One token, S0 the state before it (K x V), d = exp(a), b the token's beta activation:
 //   S1 = diag(d) S0;  u = S1^T k;  w = b (v - u);  S2 = S1 + k w^T;  o = scale S2^T q
@@ -21,11 +22,13 @@
 #include "host/problem.h"
 #include "reference/element_io.h"
 #include "reference/parallel.h"
+#include "reference/token_step.h"
 
 namespace flash_kda {
 namespace {
 
 using reference_detail::load_element;
+using reference_detail::row_offset;
 using reference_detail::store_element;
 
 /// What every (sequence, value head) task reads, and the private fp64 results it writes.
@@ -42,33 +45,9 @@ struct Job {
   std::vector<double> d_initial;  // [N, HV, K, V] k-first
 };
 
-int64_t row_offset(const TensorView& t, const ProblemShape& p, int64_t tok, int64_t h) {
-  return (tok / p.seqlen) * t.strides[0] + (tok % p.seqlen) * t.strides[1] + h * t.strides[2];
-}
-
 // Element (i = key channel, j = value column) of state tensor `t` ([N, HV, ...] in `layout`).
 int64_t state_index(StateLayout layout, int64_t base, int64_t i, int64_t j, int64_t K, int64_t V) {
   return base + (layout == StateLayout::VFirst ? j * K + i : i * V + j);
-}
-
-// The log decay of one channel by the gate mode (the reference forward's own expressions).
-double log_decay(const ForwardArgs& f, double g, double rate, double bias) {
-  if (f.gate == GateMode::SafeSigmoid) return math::safe_gate<double>(g + bias, rate, f.lower_bound);
-  if (f.gate == GateMode::Softplus) return math::softplus_gate<double>(g + bias, rate);
-  return g;
-}
-
-// Loads q or k of one token and head, normalised when the norm is fused.
-void load_key(const TensorView& t, const ProblemShape& p, int64_t tok, int64_t h, bool norm, double* x) {
-  const int64_t base = row_offset(t, p, tok, h), K = p.head_dim_k;
-  double ss = 0.0;
-  for (int64_t i = 0; i < K; ++i) {
-    x[i] = load_element(t, base + i);
-    ss += x[i] * x[i];
-  }
-  if (!norm) return;
-  const double inv = 1.0 / std::sqrt(ss + math::kL2NormEps);
-  for (int64_t i = 0; i < K; ++i) x[i] *= inv;
 }
 
 void run_pair(Job& job, int64_t n, int64_t hv) {
@@ -79,7 +58,8 @@ void run_pair(Job& job, int64_t n, int64_t hv) {
   const int64_t first = job.seq_start[size_t(n)], len = job.seq_start[size_t(n + 1)] - first;
   const double scale = p.scale;
 
-  // Every token's inputs and the state before it, from the forward pass.
+  // Every token's inputs and the state before it, from the forward pass: the reference
+  // forward's own token step (token_step.h), its normalised q and k, decay and b kept.
   const size_t tk = static_cast<size_t>(len * K);
   std::vector<double> q(tk), k(tk), d(tk), v(static_cast<size_t>(len * V)), b(static_cast<size_t>(len));
   std::vector<double> states(size_t((len + 1) * K * V), 0.0);
@@ -87,27 +67,20 @@ void run_pair(Job& job, int64_t n, int64_t hv) {
     for (int64_t i = 0; i < K; ++i)
       for (int64_t j = 0; j < V; ++j)
         states[size_t(i * V + j)] = load_element(f.initial_state, state_index(f.state_layout, (n * HV + hv) * K * V, i, j, K, V));
-  std::vector<double> u(static_cast<size_t>(V)), w(static_cast<size_t>(V)), S1(static_cast<size_t>(K * V));
+  reference_detail::TokenInputs in(K, V);
+  const reference_detail::StepFlags flags = reference_detail::step_flags(f, scale);
+  std::vector<double> S(states.begin(), states.begin() + K * V), o(static_cast<size_t>(V));
   for (int64_t t = 0; t < len; ++t) {
-    const int64_t tok = first + t;
-    load_key(f.q, p, tok, h, f.use_qk_l2norm, &q[size_t(t * K)]);
-    load_key(f.k, p, tok, h, f.use_qk_l2norm, &k[size_t(t * K)]);
-    const int64_t g_base = row_offset(f.g, p, tok, hv), v_base = row_offset(f.v, p, tok, hv);
-    for (int64_t i = 0; i < K; ++i)
-      d[size_t(t * K + i)] = std::exp(log_decay(f, load_element(f.g, g_base + i), job.rate[size_t(hv)], job.bias[size_t(hv * K + i)]));
-    for (int64_t j = 0; j < V; ++j) v[size_t(t * V + j)] = load_element(f.v, v_base + j);
-    const double beta = load_element(f.beta, row_offset(f.beta, p, tok, hv));
-    b[size_t(t)] = f.use_beta_sigmoid ? math::beta_sigmoid<double>(beta, f.allow_neg_eigval) : beta;
-    // S2 = S1 + k w^T with S1 = diag(d) S0, u = S1^T k, w = b (v - u).
-    const double* S0 = &states[size_t(t * K * V)];
-    double* S2 = &states[size_t((t + 1) * K * V)];
-    std::fill(u.begin(), u.end(), 0.0);
-    for (int64_t i = 0; i < K; ++i)
-      for (int64_t j = 0; j < V; ++j) u[size_t(j)] += d[size_t(t * K + i)] * S0[i * V + j] * k[size_t(t * K + i)];
-    for (int64_t j = 0; j < V; ++j) w[size_t(j)] = b[size_t(t)] * (v[size_t(t * V + j)] - u[size_t(j)]);
-    for (int64_t i = 0; i < K; ++i)
-      for (int64_t j = 0; j < V; ++j) S2[i * V + j] = d[size_t(t * K + i)] * S0[i * V + j] + k[size_t(t * K + i)] * w[size_t(j)];
+    reference_detail::load_token(in, f, p, first + t, h, hv);
+    reference_detail::token_step(S, in, flags, job.rate[size_t(hv)], &job.bias[size_t(hv * K)], o.data());
+    std::copy(in.q.begin(), in.q.end(), q.begin() + t * K);
+    std::copy(in.k.begin(), in.k.end(), k.begin() + t * K);
+    std::copy(in.decay.begin(), in.decay.end(), d.begin() + t * K);
+    std::copy(in.v.begin(), in.v.end(), v.begin() + t * V);
+    b[size_t(t)] = in.b;
+    std::copy(S.begin(), S.end(), states.begin() + (t + 1) * K * V);
   }
+  std::vector<double> u(static_cast<size_t>(V)), w(static_cast<size_t>(V)), S1(static_cast<size_t>(K * V));
 
   // The reverse pass, dS the gradient of the state after token t.
   std::vector<double> dS(size_t(K * V), 0.0), dw(static_cast<size_t>(V)), du(static_cast<size_t>(V)), dout(static_cast<size_t>(V));

@@ -17,6 +17,7 @@ namespace flash_kda {
 namespace {
 
 using reference_detail::load_element;
+using reference_detail::row_offset;
 using reference_detail::store_element;
 
 /// Everything a (sequence, value head) task needs, read once from the call.
@@ -58,13 +59,6 @@ void keep_inter(const Plan& plan, int64_t row, int64_t hv, const std::vector<dou
   if (row < 0) return;
   const int64_t KV = plan.p.head_dim_k * plan.p.head_dim_v;
   std::copy(S.begin(), S.end(), plan.inter->begin() + (row * plan.p.value_heads + hv) * KV);
-}
-
-/// Element offset of the row of flat token `tok`, head `h` of a per-token tensor ([B, T, heads,
-/// dim] or beta [B, T, HV]; any batch, token and head strides, unit last stride): token tok is
-/// entry tok % T of batch entry tok / T (varlen: B = 1, T = T_total).
-int64_t row_offset(const TensorView& t, const ProblemShape& p, int64_t tok, int64_t h) {
-  return (tok / p.seqlen) * t.strides[0] + (tok % p.seqlen) * t.strides[1] + h * t.strides[2];
 }
 
 /// Pool slot of sequence n (ssm_state_indices[n]; validate() checked it is < P), or n without
@@ -113,15 +107,7 @@ void run_head(const Plan& plan, int64_t n, int64_t hv) {
   const int64_t seq_first = plan.seq_start[size_t(n)];
   keep_inter(plan, inter_row(plan, n, 0), hv, S);
   for (int64_t tok = seq_first; tok < plan.seq_start[size_t(n + 1)]; ++tok) {
-    const int64_t q_base = row_offset(a.q, p, tok, h), k_base = row_offset(a.k, p, tok, h);
-    const int64_t g_base = row_offset(a.g, p, tok, hv), v_base = row_offset(a.v, p, tok, hv);
-    for (int64_t i = 0; i < K; ++i) {
-      in.q[size_t(i)] = load_element(a.q, q_base + i);
-      in.k[size_t(i)] = load_element(a.k, k_base + i);
-      in.g[size_t(i)] = load_element(a.g, g_base + i);
-    }
-    in.beta = load_element(a.beta, row_offset(a.beta, p, tok, hv));
-    for (int64_t j = 0; j < V; ++j) in.v[size_t(j)] = load_element(a.v, v_base + j);
+    reference_detail::load_token(in, a, p, tok, h, hv);
     const int64_t out_base = (tok * HV + hv) * V;  // the private [T_total, HV, V] buffer
     reference_detail::token_step(S, in, flags, rate, bias, &(*plan.out)[size_t(out_base)]);
     keep_inter(plan, inter_row(plan, n, tok - seq_first + 1), hv, S);
