@@ -23,36 +23,26 @@ namespace {
 
 using namespace nb::literals;
 
-constexpr DTypeSet kFloat = dtype_bit(DType::BF16) | dtype_bit(DType::F32);
-constexpr DTypeSet kFloatOrF64 = kFloat | dtype_bit(DType::F64);
-constexpr DTypeSet kF32 = dtype_bit(DType::F32);
+using call_table_detail::kF32;
+using call_table_detail::kFloat;
+using call_table_detail::kFloatOrF64;
 constexpr DTypeSet kF32OrF64 = kF32 | dtype_bit(DType::F64);
-
-/// One gradient tensor: its TensorSpec (for the conversion's errors; spec.member is unused; the
-/// dtype rule "like its input" is validate_backward's) and its field of BackwardArgs.
-struct BackwardTensor {
-  TensorSpec spec;
-  TensorView BackwardArgs::*member;
-};
-
-constexpr TensorSpec grad_spec(const char* name, TensorRole role, bool optional, int rank, const char* shape,
-                               DTypeSet reference, DTypeSet sm90) {
-  return TensorSpec{name, nullptr, role, optional, rank, shape, reference, sm90, "", false};
-}
+/// The gradient tensors' table entries (the dtype rule "like its input" is validate_backward's).
+using BackwardTensor = CallTensor<BackwardArgs>;
 
 // backward.h's table, in the order Python passes the gradient tensors.
 // clang-format off
 const BackwardTensor kBackwardTensors[] = {
-  {grad_spec("d_out",           TensorRole::Input,  false, 4, "[B, T, HV, V]",      kFloatOrF64, kFloat), &BackwardArgs::d_out},
-  {grad_spec("d_final_state",   TensorRole::Input,  true,  4, "[N, HV, V, K]",      kFloatOrF64, kFloat), &BackwardArgs::d_final_state},
-  {grad_spec("dq",              TensorRole::Output, false, 4, "[B, T, H, K]",       kFloatOrF64, kFloat), &BackwardArgs::dq},
-  {grad_spec("dk",              TensorRole::Output, false, 4, "[B, T, H, K]",       kFloatOrF64, kFloat), &BackwardArgs::dk},
-  {grad_spec("dv",              TensorRole::Output, false, 4, "[B, T, HV, V]",      kFloatOrF64, kFloat), &BackwardArgs::dv},
-  {grad_spec("dg",              TensorRole::Output, false, 4, "[B, T, HV, K]",      kFloatOrF64, kFloat), &BackwardArgs::dg},
-  {grad_spec("dbeta",           TensorRole::Output, false, 3, "[B, T, HV]",         kFloatOrF64, kFloat), &BackwardArgs::dbeta},
-  {grad_spec("dA_log",          TensorRole::Output, true,  1, "[HV]",               kF32OrF64,   kF32),   &BackwardArgs::dA_log},
-  {grad_spec("ddt_bias",        TensorRole::Output, true,  0, "[HV, K] or [HV*K]",  kF32OrF64,   kF32),   &BackwardArgs::ddt_bias},
-  {grad_spec("d_initial_state", TensorRole::Output, true,  4, "[N, HV, V, K]",      kFloatOrF64, kFloat), &BackwardArgs::d_initial_state},
+  {call_spec("d_out",           TensorRole::Input,  false, 4, "[B, T, HV, V]",      kFloatOrF64, kFloat), &BackwardArgs::d_out},
+  {call_spec("d_final_state",   TensorRole::Input,  true,  4, "[N, HV, V, K]",      kFloatOrF64, kFloat), &BackwardArgs::d_final_state},
+  {call_spec("dq",              TensorRole::Output, false, 4, "[B, T, H, K]",       kFloatOrF64, kFloat), &BackwardArgs::dq},
+  {call_spec("dk",              TensorRole::Output, false, 4, "[B, T, H, K]",       kFloatOrF64, kFloat), &BackwardArgs::dk},
+  {call_spec("dv",              TensorRole::Output, false, 4, "[B, T, HV, V]",      kFloatOrF64, kFloat), &BackwardArgs::dv},
+  {call_spec("dg",              TensorRole::Output, false, 4, "[B, T, HV, K]",      kFloatOrF64, kFloat), &BackwardArgs::dg},
+  {call_spec("dbeta",           TensorRole::Output, false, 3, "[B, T, HV]",         kFloatOrF64, kFloat), &BackwardArgs::dbeta},
+  {call_spec("dA_log",          TensorRole::Output, true,  1, "[HV]",               kF32OrF64,   kF32),   &BackwardArgs::dA_log},
+  {call_spec("ddt_bias",        TensorRole::Output, true,  0, "[HV, K] or [HV*K]",  kF32OrF64,   kF32),   &BackwardArgs::ddt_bias},
+  {call_spec("d_initial_state", TensorRole::Output, true,  4, "[N, HV, V, K]",      kFloatOrF64, kFloat), &BackwardArgs::d_initial_state},
 };
 // clang-format on
 constexpr size_t kBackwardTensorCount = sizeof(kBackwardTensors) / sizeof(kBackwardTensors[0]);

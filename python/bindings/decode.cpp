@@ -22,40 +22,29 @@ namespace {
 
 using namespace nb::literals;
 
-constexpr DTypeSet kFloat = dtype_bit(DType::BF16) | dtype_bit(DType::F32);
-constexpr DTypeSet kFloatOrF64 = kFloat | dtype_bit(DType::F64);
-constexpr DTypeSet kF32 = dtype_bit(DType::F32);
-constexpr DTypeSet kIndex = dtype_bit(DType::I32) | dtype_bit(DType::I64);
-
-/// One tensor of the decode call: its TensorSpec (name, role, optional, rank, shape, dtypes,
-/// for the conversion's errors; spec.member is unused) and its field of DecodeArgs.
-struct DecodeTensor {
-  TensorSpec spec;
-  TensorView DecodeArgs::*member;
-};
-
-constexpr TensorSpec decode_spec(const char* name, TensorRole role, bool optional, int rank, const char* shape,
-                                 DTypeSet reference, DTypeSet sm90) {
-  return TensorSpec{name, nullptr, role, optional, rank, shape, reference, sm90, "", false};
-}
+using call_table_detail::kF32;
+using call_table_detail::kFloat;
+using call_table_detail::kFloatOrF64;
+using call_table_detail::kIndex;
+using DecodeTensor = CallTensor<DecodeArgs>;
 
 // The decode call's tensors (decode.h's table), in the order Python passes them.
 // clang-format off
 const DecodeTensor kDecodeTensors[] = {
-  {decode_spec("q",                   TensorRole::Input,  false, 4, "[B, T, H, K]",        kFloat,      kFloat), &DecodeArgs::q},
-  {decode_spec("k",                   TensorRole::Input,  false, 4, "[B, T, H, K]",        kFloat,      kFloat), &DecodeArgs::k},
-  {decode_spec("v",                   TensorRole::Input,  false, 4, "[B, T, HV, V]",       kFloat,      kFloat), &DecodeArgs::v},
-  {decode_spec("g",                   TensorRole::Input,  false, 4, "[B, T, HV, K]",       kFloat,      kFloat), &DecodeArgs::g},
-  {decode_spec("beta",                TensorRole::Input,  false, 3, "[B, T, HV]",          kFloat,      kFloat), &DecodeArgs::beta},
-  {decode_spec("out",                 TensorRole::Output, false, 4, "[B, T, HV, V]",       kFloat,      kFloat), &DecodeArgs::out},
-  {decode_spec("A_log",               TensorRole::Input,  true,  1, "[HV]",                kF32,        kF32),   &DecodeArgs::A_log},
-  {decode_spec("dt_bias",             TensorRole::Input,  true,  0, "[HV, K] or [HV*K]",   kF32,        kF32),   &DecodeArgs::dt_bias},
-  {decode_spec("cu_seqlens",          TensorRole::Input,  true,  1, "[N + 1]",             kIndex,      kIndex), &DecodeArgs::cu_seqlens},
+  {call_spec("q",                   TensorRole::Input,  false, 4, "[B, T, H, K]",        kFloat,      kFloat), &DecodeArgs::q},
+  {call_spec("k",                   TensorRole::Input,  false, 4, "[B, T, H, K]",        kFloat,      kFloat), &DecodeArgs::k},
+  {call_spec("v",                   TensorRole::Input,  false, 4, "[B, T, HV, V]",       kFloat,      kFloat), &DecodeArgs::v},
+  {call_spec("g",                   TensorRole::Input,  false, 4, "[B, T, HV, K]",       kFloat,      kFloat), &DecodeArgs::g},
+  {call_spec("beta",                TensorRole::Input,  false, 3, "[B, T, HV]",          kFloat,      kFloat), &DecodeArgs::beta},
+  {call_spec("out",                 TensorRole::Output, false, 4, "[B, T, HV, V]",       kFloat,      kFloat), &DecodeArgs::out},
+  {call_spec("A_log",               TensorRole::Input,  true,  1, "[HV]",                kF32,        kF32),   &DecodeArgs::A_log},
+  {call_spec("dt_bias",             TensorRole::Input,  true,  0, "[HV, K] or [HV*K]",   kF32,        kF32),   &DecodeArgs::dt_bias},
+  {call_spec("cu_seqlens",          TensorRole::Input,  true,  1, "[N + 1]",             kIndex,      kIndex), &DecodeArgs::cu_seqlens},
   // The pool is read and written: an Output, so that DLPack imports it writable.
-  {decode_spec("initial_state",       TensorRole::Output, true,  4, "[P, HV, V, K]",       kFloatOrF64, kFloat), &DecodeArgs::initial_state},
-  {decode_spec("final_state",         TensorRole::Output, true,  4, "[N, HV, V, K]",       kFloatOrF64, kFloat), &DecodeArgs::final_state},
-  {decode_spec("ssm_state_indices",   TensorRole::Input,  true,  0, "[N] or [N, T]",       kIndex,      kIndex), &DecodeArgs::ssm_state_indices},
-  {decode_spec("num_accepted_tokens", TensorRole::Input,  true,  1, "[N]",                 kIndex,      kIndex), &DecodeArgs::num_accepted_tokens},
+  {call_spec("initial_state",       TensorRole::Output, true,  4, "[P, HV, V, K]",       kFloatOrF64, kFloat), &DecodeArgs::initial_state},
+  {call_spec("final_state",         TensorRole::Output, true,  4, "[N, HV, V, K]",       kFloatOrF64, kFloat), &DecodeArgs::final_state},
+  {call_spec("ssm_state_indices",   TensorRole::Input,  true,  0, "[N] or [N, T]",       kIndex,      kIndex), &DecodeArgs::ssm_state_indices},
+  {call_spec("num_accepted_tokens", TensorRole::Input,  true,  1, "[N]",                 kIndex,      kIndex), &DecodeArgs::num_accepted_tokens},
 };
 // clang-format on
 constexpr size_t kDecodeTensorCount = sizeof(kDecodeTensors) / sizeof(kDecodeTensors[0]);

@@ -41,4 +41,19 @@ TensorView to_view(nb::handle obj, const TensorSpec& spec, Target target, Import
 /// same errors as to_view.
 TensorView raw_view(nb::handle raw, const TensorSpec& spec, Target target);
 
+/// One tensor of a call other than the forward (decode, backward): the TensorSpec its
+/// conversion's errors read (spec.member unused) and its field of the call's Args.
+template <class Args>
+struct CallTensor {
+  TensorSpec spec;
+  TensorView Args::*member;
+};
+
+/// The TensorSpec of such a tensor: name, role, whether it may be absent, rank, shape and the
+/// dtypes each target accepts; no sm90 reason, never host-only.
+constexpr TensorSpec call_spec(const char* name, TensorRole role, bool optional, int rank, const char* shape,
+                               DTypeSet reference, DTypeSet sm90) {
+  return TensorSpec{name, nullptr, role, optional, rank, shape, reference, sm90, "", false};
+}
+
 }  // namespace flash_kda::python
