@@ -149,7 +149,10 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
                "A_log": kwargs.get("A_log"), "dt_bias": kwargs.get("dt_bias")}
     grad = ()
     if grad_enabled:
-        grad = tuple(name for name, t in tensors.items() if getattr(t, "requires_grad", False))
+        for t in tensors.values():  # a plain loop, cheapest for the usual call that has none
+            if getattr(t, "requires_grad", False):
+                grad = tuple(n for n, x in tensors.items() if getattr(x, "requires_grad", False))
+                break
         if grad:
             if not backward_available():
                 raise _error(grad[0], "requires grad, but this flash_kda build has no backward "
@@ -209,6 +212,8 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
     if not use_gate_in_kernel:
         gate, bound = "none", -5.0
         tensors["A_log"] = tensors["dt_bias"] = None  # fla ignores them with a pre-computed gate
+        if grad:
+            grad = tuple(n for n in grad if n not in ("A_log", "dt_bias"))  # ignored inputs: no gradient
     elif lower_bound is not None:
         gate, bound = "safe", _real("lower_bound", lower_bound)
     else:
@@ -219,8 +224,6 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
         scale = _real("scale", scale)
     settings = (scale, bound, gate, "v_first" if v_first else "k_first", use_qk_l2norm_in_kernel,
                 use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    if not use_gate_in_kernel:
-        grad = tuple(n for n in grad if n not in ("A_log", "dt_bias"))  # ignored inputs: no gradient
     return Plan({n: t for n, t in tensors.items() if t is not None}, settings, output_final_state,
                 num_seqs, intermediate, grad)
 
