@@ -64,8 +64,9 @@ class Plan(NamedTuple):
     len(cu_seqlens) - 1), or -1 when q or cu_seqlens is malformed (the C++ validation names it);
     intermediate: None, or the intermediate states asked for: ("fla", chunk_size, True) for
     return_intermediate_states (fla's h), ("every", n, False) for intermediate_state_every=n;
-    grad: the names (GRAD_INPUTS order) of the inputs that require grad while grad is enabled:
-    a training call, differentiated by flash_kda's backward; empty for an inference call."""
+    grad: the names of the inputs (among GRAD_INPUTS; A_log and dt_bias only with the fused
+    gate) that require grad while grad is enabled, in `inputs`' order: a training call,
+    differentiated by flash_kda's backward; empty for an inference call."""
 
     inputs: dict
     settings: tuple
