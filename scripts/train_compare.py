@@ -123,8 +123,8 @@ def train_run(label: str, through_flash_kda: bool, model_seed: int, args) -> dic
     os.environ["FLA_FLASH_KDA_TRAIN"] = "1" if through_flash_kda else "0"  # training dispatch is opt-in
     torch.manual_seed(model_seed)
     model = build_model(args.layers, args.safe_gate)
-    no_decay = [p for n, p in model.named_parameters() if getattr(p, "_no_weight_decay", False) or p.ndim < 2]
-    decay = [p for n, p in model.named_parameters() if not (getattr(p, "_no_weight_decay", False) or p.ndim < 2)]
+    no_decay = [p for p in model.parameters() if getattr(p, "_no_weight_decay", False) or p.ndim < 2]
+    decay = [p for p in model.parameters() if not (getattr(p, "_no_weight_decay", False) or p.ndim < 2)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(args.data_seed)
@@ -193,7 +193,7 @@ def plot(runs: list[dict], path: Path) -> bool:
         ax.plot(smooth(r["losses"]), label=f"{r['label']} (final {r['losses'][-1]:.3f})", linewidth=1.4)
     ax.set_xlabel("step")
     ax.set_ylabel(f"loss (moving average of {SMOOTH})")
-    ax.set_title(f"KimiDeltaAttention on associative recall: fla Triton vs flash_kda")
+    ax.set_title("KimiDeltaAttention on associative recall: fla Triton vs flash_kda")
     ax.grid(alpha=0.3)
     ax.legend()
     path.parent.mkdir(parents=True, exist_ok=True)
