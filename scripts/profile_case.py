@@ -15,7 +15,7 @@ def main() -> None:
     p.add_argument("--T", type=int, default=1024, help="tokens per sequence")
     p.add_argument("--heads", type=int, default=4, help="heads H = HV")
     p.add_argument("--batch", type=int, default=1, help="sequences (fixed length)")
-    p.add_argument("--calls", type=int, default=3, help="forward calls")
+    p.add_argument("--calls", type=int, default=3, help="forward calls (training steps with --train)")
     p.add_argument("--no-state", action="store_true", help="no initial or final state (zero start, none kept)")
     p.add_argument("--train", action="store_true", help="forward + backward through chunk_kda instead of fwd")
     a = p.parse_args()
@@ -41,10 +41,10 @@ def train(a, q, k, v, g, beta, A_log, dt_bias, h0) -> None:
     leaves = [x.requires_grad_() for x in (q, k, v, g, beta, A_log, dt_bias) + ((h0,) if h0 is not None else ())]
     d_out = torch.randn_like(v)
     for _ in range(a.calls):
-        o, ht = flash_kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=h0 is not None,
-                                    use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                                    use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
-                                    state_v_first=True, A_log=A_log, dt_bias=dt_bias)
+        o, _ = flash_kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=h0 is not None,
+                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                   use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
+                                   state_v_first=True, A_log=A_log, dt_bias=dt_bias)
         torch.autograd.grad(o, leaves, d_out)
     torch.cuda.synchronize()
 

@@ -117,28 +117,20 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 def train_run(label: str, through_flash_kda: bool, model_seed: int, args) -> dict:
     """One training run: {"label", "losses" (per step), "accuracy" (of the last step's queries),
     "seconds", "flash_kda_calls" (calls fla dispatched to flash_kda.chunk_kda)}."""
-    import flash_kda
+    from flash_kda.bench.impls import count_flash_kda_calls
 
     os.environ["FLA_FLASH_KDA"] = "1" if through_flash_kda else "0"  # fla reads it at every dispatch
     os.environ["FLA_FLASH_KDA_TRAIN"] = "1" if through_flash_kda else "0"  # training dispatch is opt-in
     torch.manual_seed(model_seed)
     model = build_model(args.layers, args.safe_gate)
-    no_decay = [p for n, p in model.named_parameters() if getattr(p, "_no_weight_decay", False) or p.ndim < 2]
-    decay = [p for n, p in model.named_parameters() if not (getattr(p, "_no_weight_decay", False) or p.ndim < 2)]
+    no_decay = [p for p in model.parameters() if getattr(p, "_no_weight_decay", False) or p.ndim < 2]
+    decay = [p for p in model.parameters() if not (getattr(p, "_no_weight_decay", False) or p.ndim < 2)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(args.data_seed)
-    calls = [0]
-    real = flash_kda.chunk_kda
-
-    def counted(*a, **kw):
-        calls[0] += 1
-        return real(*a, **kw)
-
-    flash_kda.chunk_kda = counted  # fla's backend looks flash_kda.chunk_kda up at call time
     losses, accuracy = [], float("nan")
     start = time.perf_counter()
-    try:
+    with count_flash_kda_calls() as calls:  # fla's backend looks flash_kda.chunk_kda up at call time
         for step in range(args.steps):
             tokens, targets = (t.cuda(non_blocking=True) for t in make_batch(gen, args.batch))
             for group in opt.param_groups:
@@ -157,8 +149,6 @@ def train_run(label: str, through_flash_kda: bool, model_seed: int, args) -> dic
                 accuracy = float((logits.argmax(-1)[mask] == targets[mask]).float().mean())
             if step % 50 == 0 or step == args.steps - 1:
                 print(f"[train_compare] {label} step {step}: loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
-    finally:
-        flash_kda.chunk_kda = real
     torch.cuda.synchronize()
     return {"label": label, "through_flash_kda": through_flash_kda, "model_seed": model_seed, "losses": losses,
             "accuracy": accuracy, "seconds": time.perf_counter() - start, "flash_kda_calls": calls[0]}
@@ -203,7 +193,7 @@ def plot(runs: list[dict], path: Path) -> bool:
         ax.plot(smooth(r["losses"]), label=f"{r['label']} (final {r['losses'][-1]:.3f})", linewidth=1.4)
     ax.set_xlabel("step")
     ax.set_ylabel(f"loss (moving average of {SMOOTH})")
-    ax.set_title(f"KimiDeltaAttention on associative recall: fla Triton vs flash_kda")
+    ax.set_title("KimiDeltaAttention on associative recall: fla Triton vs flash_kda")
     ax.grid(alpha=0.3)
     ax.legend()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._chunk import _flags, _softplus_gate_error, _transposed_state_layout
 from ._forward import _error, _real
 
 if TYPE_CHECKING:
@@ -43,11 +43,6 @@ _KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
 #: docs/kda-spec.md "Pre-processing": the L2 norm's epsilon, added inside the square root.
 L2NORM_EPS = 1e-6
 
-_FLAGS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
-          "allow_neg_eigval", "safe_gate", "disable_recompute", "return_intermediate_states", "state_v_first",
-          "use_graph")
-
-
 def _torch():
     try:
         import torch
@@ -55,12 +50,6 @@ def _torch():
         raise ImportError("flash_kda.autograd_reference needs PyTorch; without it only flash_kda.reference "
                           "(forward only) is available") from e
     return torch
-
-
-def _flag(name: str, value: Any) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise _error(name, f"expected a bool, got {type(value).__name__} {value!r}")
 
 
 def _tensor(torch, name: str, x: Any, required: bool = True):
@@ -248,15 +237,11 @@ def autograd_reference(
             raise _error(name, "is not a keyword of autograd_reference (fla 0.6.0's chunk_kda reads only A_log, "
                          "dt_bias, chunk_size and the deprecated transpose_state_layout)")
     (output_final_state, l2norm, gate_in_kernel, beta_sigmoid, neg_eigval, safe_gate, _, intermediate, v_first,
-     use_graph) = (_flag(n, x) for n, x in zip(_FLAGS, (
+     use_graph) = _flags((
         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-        allow_neg_eigval, safe_gate, disable_recompute, return_intermediate_states, state_v_first, use_graph)))
+        allow_neg_eigval, safe_gate, disable_recompute, return_intermediate_states, state_v_first, use_graph))
     if "transpose_state_layout" in kwargs:
-        if v_first:
-            raise _error("transpose_state_layout", "cannot be given with state_v_first (its new name)")
-        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-                      DeprecationWarning, stacklevel=2)
-        v_first = _flag("transpose_state_layout", kwargs["transpose_state_layout"])
+        v_first = _transposed_state_layout(v_first, kwargs, stacklevel=2)
     C = kwargs.get("chunk_size", 64)
     if isinstance(C, bool) or not isinstance(C, numbers.Integral) or C < 1:
         raise _error("chunk_size", f"expected a positive int (the evaluation's chunk length), got {C!r}")
@@ -275,11 +260,8 @@ def autograd_reference(
         A_log = _tensor(torch, "A_log", kwargs.get("A_log"), required=False)
         dt_bias = _tensor(torch, "dt_bias", kwargs.get("dt_bias"), required=False)
         if lower_bound is None:
-            if A_log is None:
-                raise _error("A_log", "is required when use_gate_in_kernel=True and lower_bound is not set (the "
-                             "softplus gate -exp(A_log) * softplus(g + dt_bias)); pass A_log=... or a lower_bound")
-            if safe_gate:
-                raise _error("lower_bound", "is required when safe_gate=True and use_gate_in_kernel=True")
+            if A_log is None or safe_gate:
+                raise _softplus_gate_error(A_log is None)
         else:
             lower_bound = _real("lower_bound", lower_bound)
             if not math.isfinite(lower_bound):

@@ -64,8 +64,9 @@ class Plan(NamedTuple):
     len(cu_seqlens) - 1), or -1 when q or cu_seqlens is malformed (the C++ validation names it);
     intermediate: None, or the intermediate states asked for: ("fla", chunk_size, True) for
     return_intermediate_states (fla's h), ("every", n, False) for intermediate_state_every=n;
-    grad: the names (GRAD_INPUTS order) of the inputs that require grad while grad is enabled:
-    a training call, differentiated by flash_kda's backward; empty for an inference call."""
+    grad: the names of the inputs (among GRAD_INPUTS; A_log and dt_bias only with the fused
+    gate) that require grad while grad is enabled, in `inputs`' order: a training call,
+    differentiated by flash_kda's backward; empty for an inference call."""
 
     inputs: dict
     settings: tuple
@@ -97,6 +98,26 @@ def _flags(values: tuple) -> tuple:
     return tuple(_flag(n, x) for n, x in zip(_FLAGS, values))
 
 
+def _transposed_state_layout(v_first: bool, kwargs: dict, stacklevel: int) -> bool:
+    """state_v_first from fla 0.6.0's deprecated name of it, kwargs["transpose_state_layout"]
+    (a DeprecationWarning pointing `stacklevel` frames above the caller); a flash_kda.Error when
+    state_v_first is given too."""
+    if v_first:
+        raise _error("transpose_state_layout", "cannot be given with state_v_first (its new name)")
+    warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                  DeprecationWarning, stacklevel=stacklevel + 1)
+    return _flag("transpose_state_layout", kwargs["transpose_state_layout"])
+
+
+def _softplus_gate_error(A_log_missing: bool) -> Exception:
+    """fla's refusal of a fused gate without lower_bound: A_log missing (the softplus gate needs
+    it), else safe_gate given (it needs lower_bound)."""
+    if A_log_missing:
+        return _error("A_log", "is required when use_gate_in_kernel=True and lower_bound is not set (the "
+                      "softplus gate -exp(A_log) * softplus(g + dt_bias)); pass A_log=... or a lower_bound")
+    return _error("lower_bound", "is required when safe_gate=True and use_gate_in_kernel=True")
+
+
 def _dims(x: Any) -> tuple:
     shape = getattr(x, "shape", None)
     return tuple(shape) if shape is not None else ()
@@ -117,12 +138,8 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
      safe_gate, _, return_intermediate_states, v_first, use_graph) = _flags((
         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
         allow_neg_eigval, safe_gate, disable_recompute, return_intermediate_states, state_v_first, use_graph))
-    if "transpose_state_layout" in kwargs:  # fla 0.6.0's deprecated name of state_v_first
-        if v_first:
-            raise _error("transpose_state_layout", "cannot be given with state_v_first (its new name)")
-        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-                      DeprecationWarning, stacklevel=3)
-        v_first = _flag("transpose_state_layout", kwargs["transpose_state_layout"])
+    if "transpose_state_layout" in kwargs:
+        v_first = _transposed_state_layout(v_first, kwargs, stacklevel=3)
     chunk_size = kwargs.get("chunk_size", 64)
     if isinstance(chunk_size, bool) or chunk_size not in (32, 64):
         # fla's tiling (its intermediate states depend on it, the function does not): its own rule.
@@ -133,7 +150,10 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
                "A_log": kwargs.get("A_log"), "dt_bias": kwargs.get("dt_bias")}
     grad = ()
     if grad_enabled:
-        grad = tuple(name for name, t in tensors.items() if getattr(t, "requires_grad", False))
+        for t in tensors.values():  # a plain loop, cheapest for the usual call that has none
+            if getattr(t, "requires_grad", False):
+                grad = tuple(n for n, x in tensors.items() if getattr(x, "requires_grad", False))
+                break
         if grad:
             if not backward_available():
                 raise _error(grad[0], "requires grad, but this flash_kda build has no backward "
@@ -193,21 +213,18 @@ def plan_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk
     if not use_gate_in_kernel:
         gate, bound = "none", -5.0
         tensors["A_log"] = tensors["dt_bias"] = None  # fla ignores them with a pre-computed gate
+        if grad:
+            grad = tuple(n for n in grad if n not in ("A_log", "dt_bias"))  # ignored inputs: no gradient
     elif lower_bound is not None:
         gate, bound = "safe", _real("lower_bound", lower_bound)
     else:
-        if tensors["A_log"] is None:
-            raise _error("A_log", "is required when use_gate_in_kernel=True and lower_bound is not set (the "
-                         "softplus gate -exp(A_log) * softplus(g + dt_bias)); pass A_log=... or a lower_bound")
-        if safe_gate:
-            raise _error("lower_bound", "is required when safe_gate=True and use_gate_in_kernel=True")
+        if tensors["A_log"] is None or safe_gate:
+            raise _softplus_gate_error(tensors["A_log"] is None)
         gate, bound = "softplus", -5.0
     if scale is not None:
         scale = _real("scale", scale)
     settings = (scale, bound, gate, "v_first" if v_first else "k_first", use_qk_l2norm_in_kernel,
                 use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    if not use_gate_in_kernel:
-        grad = tuple(n for n in grad if n not in ("A_log", "dt_bias"))  # ignored inputs: no gradient
     return Plan({n: t for n, t in tensors.items() if t is not None}, settings, output_final_state,
                 num_seqs, intermediate, grad)
 

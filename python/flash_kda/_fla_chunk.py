@@ -21,13 +21,12 @@ on an sm_90 device of a build with the kernels, then the C++ validation of the v
 (flash_kda::validate_forward) and, for a training call (an input requires grad while grad is
 enabled), of its backward (flash_kda::validate_backward), when FLA_FLASH_KDA_TRAIN=1 (read at
 each training call): fla's KimiDeltaAttention then trains through flash_kda's forward and
-backward with no change to the model. Training dispatch is opt-in because the backward is a
-first, correctness-first version, slower than fla's Triton backward (docs/performance.md
-"Backward"); unset or any other value keeps training calls on fla's Triton path while inference
-calls still dispatch here; FLA_FLASH_KDA=0 turns the whole backend off. The verifier never raises;
-neither does a call it accepted that the forward then rejects: that call runs fla's Triton
-function instead (nothing was written; a training call's backward was validated with its
-forward, before anything ran).
+backward with no change to the model. Training dispatch is opt-in because flash_kda's backward
+is slower than fla's Triton backward (docs/performance.md "Backward"); unset or any other value
+keeps training calls on fla's Triton path while inference calls still dispatch here;
+FLA_FLASH_KDA=0 turns the whole backend off. The verifier never raises; neither does a call it
+accepted that the forward then rejects: that call runs fla's Triton function instead (nothing
+was written; a training call's backward was validated with its forward, before anything ran).
 Without fla, with another fla version, or on any error, importing flash_kda still works and
 :data:`status` says why nothing was registered.
 """

@@ -202,20 +202,23 @@ def test_inference_calls_do_not_go_through_the_training_op(kernels, monkeypatch)
     assert not o.requires_grad and [k[0] for k in kernels] == ["forward", "forward"]
 
 
+def _loss(q, k, v, g, beta, A_log, dt_bias, h0):
+    """What the torch.compile tests compile: a chunk_kda training call with fla's defaults
+    (softplus gate, k-first state) and a loss on out and the final state."""
+    o, s = flash_kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                               use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                               use_beta_sigmoid_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+    return (o.float() * 2).sum() + s.sum()
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_training_compiles_without_a_graph_break(kernels, backend):
-    def f(q, k, v, g, beta, A_log, dt_bias, h0):
-        o, s = flash_kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                                   use_beta_sigmoid_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
-        return (o.float() * 2).sum() + s.sum()
-
     x = _inputs()
     args = [x[n] for n in _chunk.GRAD_INPUTS]
     torch._dynamo.reset()
-    assert torch._dynamo.explain(f)(*args).graph_break_count == 0
+    assert torch._dynamo.explain(_loss)(*args).graph_break_count == 0
     kernels.clear()
-    loss = torch.compile(f, fullgraph=True, backend=backend)(*args)
+    loss = torch.compile(_loss, fullgraph=True, backend=backend)(*args)
     loss.backward()
     for name, grad in zip(_chunk.GRAD_INPUTS, FILL):
         assert bool((x[name].grad == FILL[grad]).all()), name
@@ -237,19 +240,12 @@ def test_gva_gradients_have_the_inputs_shapes(kernels):
 def test_training_compiles_with_a_dynamic_sequence_length(kernels):
     """torch.compile(fullgraph=True) with T marked dynamic (torch._dynamo.mark_dynamic): out's
     shape follows the symbolic T instead of specialising it, so one graph serves every length."""
-
-    def f(q, k, v, g, beta, A_log, dt_bias, h0):
-        o, s = flash_kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                                   use_beta_sigmoid_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
-        return (o.float() * 2).sum() + s.sum()
-
     x = _inputs()
     args = [x[n] for n in _chunk.GRAD_INPUTS]
     for a in args[:5]:
         torch._dynamo.mark_dynamic(a, 1)
     torch._dynamo.reset()
     kernels.clear()
-    loss = torch.compile(f, fullgraph=True, backend="aot_eager")(*args)
+    loss = torch.compile(_loss, fullgraph=True, backend="aot_eager")(*args)
     loss.backward()
     assert [k[0] for k in kernels] == ["forward", "backward"]

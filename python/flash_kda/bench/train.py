@@ -139,15 +139,6 @@ def _host64(kw: dict) -> dict:
             if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
 
 
-def rel_err(x, ref) -> float:
-    """Relative Frobenius error of x against ref, reduced in float64 on ref's device."""
-    import torch
-
-    num = torch.linalg.vector_norm((x.detach().to(ref.device, torch.float64) - ref).flatten())
-    den = torch.linalg.vector_norm(ref.flatten())
-    return float(num / den) if float(den) > 0 else (0.0 if float(num) == 0 else math.inf)
-
-
 def check_gradients(x: inputs.Inputs, use_fla: bool) -> tuple[dict | None, str | None]:
     """(check, None), or (None, why it did not run): every gradient of flash_kda (and fla) on
     check_slice(x) against autograd through flash_kda.autograd_reference in fp64 on the host."""
@@ -174,7 +165,7 @@ def check_gradients(x: inputs.Inputs, use_fla: bool) -> tuple[dict | None, str |
     for label, fn in impl_fns:
         kw, _ = differentiable(base)
         grads = step(fn, kw, names, d_out, d_final)
-        errors[label] = {f"d{n}": rel_err(g, r) for n, g, r in zip(names, grads, ref)}
+        errors[label] = {f"d{n}": check_mod.rel_err(g, r) for n, g, r in zip(names, grads, ref)}
     ours = errors["flash_kda"]
     worst = max(ours.values())
     passed = all(math.isfinite(e) and (e <= GRAD_BOUND or ("fla" in errors and e <= check_mod.FLA_RATIO_BOUND
