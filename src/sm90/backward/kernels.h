@@ -14,6 +14,8 @@ namespace flash_kda::sm90::bwd {
 cudaError_t launch_offsets(const BackwardParams& p, cudaStream_t stream);
 /// q_hat, k_hat (normalised when l2norm), the log decay a and b, per token (prepare.cu).
 cudaError_t launch_prepare(const BackwardParams& p, cudaStream_t stream);
+/// Every chunk's record (records.h): one block per (chunk row, value head) (records.cu).
+cudaError_t launch_records(const BackwardParams& p, cudaStream_t stream);
 /// The reverse state-gradient chain: one block per (sequence, value head) (chain.cu).
 cudaError_t launch_chain(const BackwardParams& p, uint64_t context_key, cudaStream_t stream);
 /// Every chunk's input gradients: one block per (chunk row, value head) (chunk_grad.cu).

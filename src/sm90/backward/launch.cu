@@ -110,6 +110,7 @@ void launch_backward(const BackwardArgs& args, const ProblemShape& p, void* work
   bp.db = reinterpret_cast<float*>(ws + l.db);
   bp.part_dt = reinterpret_cast<float*>(ws + l.part_dt);
   bp.part_alog = reinterpret_cast<float*>(ws + l.part_alog);
+  bp.records = reinterpret_cast<float*>(ws + l.records);
   bp.dq = args.dq.data; bp.dk = args.dk.data; bp.dv = args.dv.data; bp.dg = args.dg.data; bp.dbeta = args.dbeta.data;
   bp.dA_log = args.dA_log.defined() ? static_cast<float*>(args.dA_log.data) : nullptr;
   bp.ddt_bias = args.ddt_bias.defined() ? static_cast<float*>(args.ddt_bias.data) : nullptr;

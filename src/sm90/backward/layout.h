@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "flash_kda/forward.h"
+#include "sm90/backward/records.h"
 
 namespace flash_kda::sm90::bwd {
 
@@ -27,11 +28,12 @@ inline constexpr int64_t kFinishTokens = 64;
 ///   a          fp32  [T_total, HV, K] log decay;   b fp32 [T_total, HV] beta activation
 ///   dq_hat, dk_hat, da fp32 [T_total, HV, K];       db fp32 [T_total, HV]
 ///   part_dt, part_alog fp32 [ceil(T_total / kFinishTokens), HV, K]
+///   records    fp32  [R, HV, kRecordFloats]  every chunk's record (records.h)
 ///   forward    the forward's own workspace (forward_workspace_size)
 struct BackwardLayout {
   int64_t rows = 0;  // R
   size_t offsets = 0, states = 0, dstates = 0, out = 0, q_hat = 0, k_hat = 0, a = 0, b = 0;
-  size_t dq_hat = 0, dk_hat = 0, da = 0, db = 0, part_dt = 0, part_alog = 0, forward = 0;
+  size_t dq_hat = 0, dk_hat = 0, da = 0, db = 0, part_dt = 0, part_alog = 0, records = 0, forward = 0;
   size_t forward_bytes = 0;
   size_t total = 0;
 };
@@ -65,6 +67,7 @@ inline BackwardLayout backward_layout(const ProblemShape& p, size_t forward_byte
   l.db = take(TT * HV * 4);
   l.part_dt = take(tiles * HV * K * 4);
   l.part_alog = take(tiles * HV * K * 4);
+  l.records = take(R * HV * uint64_t(kRecordFloats) * 4);
   l.forward_bytes = forward_bytes;
   l.forward = take(forward_bytes);
   l.total = at;

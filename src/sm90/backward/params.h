@@ -45,6 +45,7 @@ struct BackwardParams {
   float *q_hat, *k_hat, *a, *b;
   float *dq_hat, *dk_hat, *da, *db;
   float *part_dt, *part_alog;
+  float* records;  // [R, HV, kRecordFloats] (records.h), written by the record kernel
 
   // The input gradients (contiguous; dtypes as their inputs').
   void *dq, *dk, *dv, *dg, *dbeta;  // dq, dk, dv bf16; dg like g; dbeta like beta
