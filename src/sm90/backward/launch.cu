@@ -1,7 +1,7 @@
 // Executes the backward of a validated call: carves the workspace (layout.h), recomputes the
 // states before every chunk with the forward (intermediate states every 16 tokens, into the
-// workspace), then the backward kernels in order: preparation, the reverse state-gradient
-// chain, the chunk gradients, the finish. Everything is enqueued on the caller's stream; no
+// workspace), then the backward kernels in order: preparation, the chunk records, the reverse
+// state-gradient chain, the chunk gradients, the finish. Everything is enqueued on the caller's stream; no
 // host synchronisation, no allocation (beyond the caller's allocator when one is given).
 #include <cuda_runtime.h>
 
@@ -123,6 +123,7 @@ void launch_backward(const BackwardArgs& args, const ProblemShape& p, void* work
   check_cuda(cudaMemsetAsync(ws + l.dq_hat, 0, l.part_dt - l.dq_hat, stream), "cudaMemsetAsync (gradients)");
   if (TT > 0) check_cuda(cudaMemsetAsync(args.dv.data, 0, size_t(TT * HV * V) * 2, stream), "cudaMemsetAsync (dv)");
   check_cuda(bwd::launch_prepare(bp, stream), "backward prepare launch");
+  check_cuda(bwd::launch_records(bp, stream), "backward record launch");
   check_cuda(bwd::launch_chain(bp, ctx, stream), "backward chain launch");
   check_cuda(bwd::launch_chunk_grad(bp, ctx, stream), "backward chunk gradient launch");
   check_cuda(bwd::launch_finish(bp, stream), "backward finish launch");

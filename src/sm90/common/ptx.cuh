@@ -65,6 +65,29 @@ __device__ __forceinline__ void st_global_v4(void* p, const uint4& v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
+/// Starts a 16-byte copy from global to shared memory (cp.async.cg: through L2 only); both
+/// addresses 16-byte aligned. cp_async_commit closes the group of copies started since the last
+/// one; cp_async_wait_all waits for every group of this thread (a barrier then shows the data to
+/// the block).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+/// d += a b on tensor cores, one warp: m16n8k8, tf32 operands (tf32() above), fp32 accumulators,
+/// in the fragment layout of the PTX ISA (g = lane / 4, t = lane % 4): a = A[g][t], A[g+8][t],
+/// A[g][t+4], A[g+8][t+4] of the 16 x 8 A; b = B[t][g], B[t+4][g] of the 8 x 8 B (k x n);
+/// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1] of the 16 x 8 D.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 /// Programmatic dependent launch, the dependent's side: waits until the grid before it on the
 /// stream has completed and its memory is visible (griddepcontrol.wait; returns at once for a
 /// kernel not launched as a programmatic dependent). Nothing a kernel reads may be read before.

@@ -25,6 +25,51 @@ inline void st_global_v4(void* p, const uint4& v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+/// cp.async as a copy that lands at once (16-byte aligned at both ends, as the GPU requires).
+inline void cp_async_16(void* smem, const void* gmem) {
+  ::flash_kda::emu::check_aligned(smem, 16, "cp_async_16 (shared)");
+  ::flash_kda::emu::check_aligned(gmem, 16, "cp_async_16 (global)");
+  std::memcpy(smem, gmem, 16);
+}
+inline void cp_async_commit() {}
+inline void cp_async_wait_all() {}
+
+/// tf32 rounding (to nearest even, 10 mantissa bits), as the bits of an fp32 number.
+inline uint32_t tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+  return u;
+}
+
+/// The warp's m16n8k8 tf32 mma: every lane posts its fragments through the model's shuffles and
+/// computes its four results from the gathered 16 x 8 A and 8 x 8 B (fp32 sums in k order).
+inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const char* file = __builtin_FILE(),
+                     int line = __builtin_LINE()) {
+  float A[16][8], B[8][8];
+  for (int src = 0; src < 32; ++src) {
+    const int g = src / 4, t = src % 4;
+    uint32_t v[6];
+    for (int r = 0; r < 4; ++r) v[r] = ::flash_kda::emu::shuffle_value(0xffffffffu, a[r], src, {file, line});
+    for (int r = 0; r < 2; ++r) v[4 + r] = ::flash_kda::emu::shuffle_value(0xffffffffu, b[r], src, {file, line});
+    float f[6];
+    std::memcpy(f, v, sizeof f);
+    A[g][t] = f[0];
+    A[g + 8][t] = f[1];
+    A[g][t + 4] = f[2];
+    A[g + 8][t + 4] = f[3];
+    B[t][g] = f[4];
+    B[t + 4][g] = f[5];
+  }
+  const int lane = int(::flash_kda::emu::coord().thread.x) % 32, g = lane / 4, t = lane % 4;
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + 8 * (r / 2), col = 2 * t + r % 2;
+    float acc = d[r];
+    for (int k = 0; k < 8; ++k) acc += A[row][k] * B[k][col];
+    d[r] = acc;
+  }
+}
+
 /// The model runs one grid at a time: no earlier grid to wait for, no later one to start.
 inline void wait_prior_grid() {}
 inline void launch_dependents() {}
