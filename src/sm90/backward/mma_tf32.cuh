@@ -1,0 +1,125 @@
+// The warp-level tf32 tensor-core product of the chunk-gradient kernel (chunk_grad.cu):
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 with fp32 accumulation, behind a small
+// "warp" interface so that the CPU test (tests/cpp/test_backward_mma_tiles.cpp) runs the very
+// same tiled loops (chunk_grad_products.cuh) with an emulated warp.
+//
+// Fragment layout (PTX ISA, "Matrix fragments for mma.m16n8k8", .tf32), lane = threadIdx.x % 32,
+// g = lane / 4, t = lane % 4:
+//   A (16 x 8, row-major): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
+//   B (8 x 8, K x N):      b0 = B[t][g], b1 = B[t+4][g]
+//   C, D (16 x 8):         c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/gate.h"
+
+namespace flash_kda::sm90::bwd {
+
+/// Row of A-fragment register r (0..3) of `lane`.
+FKDA_HOST_DEVICE int frag_a_row(int lane, int r) { return (lane >> 2) + 8 * (r & 1); }
+/// Column (k) of A-fragment register r of `lane`.
+FKDA_HOST_DEVICE int frag_a_col(int lane, int r) { return (lane & 3) + 4 * (r >> 1); }
+/// Row (k) of B-fragment register r (0..1) of `lane`.
+FKDA_HOST_DEVICE int frag_b_row(int lane, int r) { return (lane & 3) + 4 * r; }
+/// Column (n) of B-fragment registers of `lane`.
+FKDA_HOST_DEVICE int frag_b_col(int lane) { return lane >> 2; }
+/// Row of accumulator register r (0..3) of `lane`.
+FKDA_HOST_DEVICE int frag_c_row(int lane, int r) { return (lane >> 2) + 8 * (r >> 1); }
+/// Column of accumulator register r of `lane`.
+FKDA_HOST_DEVICE int frag_c_col(int lane, int r) { return 2 * (lane & 3) + (r & 1); }
+
+/// One lane's operand and accumulator registers (fp32 values; rounded to tf32 at the mma).
+struct FragA {
+  float x[4];
+};
+struct FragB {
+  float x[2];
+};
+struct FragC {
+  float x[4];
+};
+
+/// x rounded to tf32 (10 mantissa bits) to nearest, ties away from zero, as cvt.rna.tf32.f32
+/// does (finite x; the kernels' operands are finite). The host form of the device conversion.
+inline float tf32_round_host(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x1000u) & 0xffffe000u;
+  float y;
+  std::memcpy(&y, &u, 4);
+  return y;
+}
+
+#if defined(__CUDACC__)
+
+/// cvt.rna.tf32.f32: x as a tf32 operand register (low 13 bits zero).
+__device__ __forceinline__ uint32_t tf32_bits(float x) {
+  uint32_t y;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
+  return y;
+}
+
+/// d += a b on the tensor cores (tf32 operands, fp32 accumulation).
+__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/// The warp of the calling thread: fragments are this lane's registers.
+struct DeviceWarp {
+  using A = FragA;
+  using B = FragB;
+  using C = FragC;
+
+  /// This lane's A fragment of the 16 x 8 tile whose element (row, k) is at(row, k).
+  template <class F>
+  __device__ __forceinline__ A load_a(F at) const {
+    const int lane = int(threadIdx.x & 31);
+    A f;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) f.x[r] = at(frag_a_row(lane, r), frag_a_col(lane, r));
+    return f;
+  }
+  /// This lane's B fragment of the 8 x 8 tile whose element (k, n) is at(k, n).
+  template <class F>
+  __device__ __forceinline__ B load_b(F at) const {
+    const int lane = int(threadIdx.x & 31);
+    B f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) f.x[r] = at(frag_b_row(lane, r), frag_b_col(lane));
+    return f;
+  }
+  /// c += a b with a and b rounded to tf32.
+  __device__ __forceinline__ void mma(C& c, const A& a, const B& b) const {
+    const uint32_t ua[4] = {tf32_bits(a.x[0]), tf32_bits(a.x[1]), tf32_bits(a.x[2]), tf32_bits(a.x[3])};
+    const uint32_t ub[2] = {tf32_bits(b.x[0]), tf32_bits(b.x[1])};
+    mma_m16n8k8_tf32(c.x, ua, ub);
+  }
+  /// c += a b to about fp32 accuracy (3xTF32): each operand split into a tf32 head and a tf32
+  /// tail, c += a_tail b_head + a_head b_tail + a_head b_head (the tail product is below fp32's
+  /// rounding and is dropped).
+  __device__ __forceinline__ void mma_split(C& c, const A& a, const B& b) const {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      ah[r] = tf32_bits(a.x[r]);
+      al[r] = tf32_bits(a.x[r] - __uint_as_float(ah[r]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      bh[r] = tf32_bits(b.x[r]);
+      bl[r] = tf32_bits(b.x[r] - __uint_as_float(bh[r]));
+    }
+    mma_m16n8k8_tf32(c.x, al, bh);
+    mma_m16n8k8_tf32(c.x, ah, bl);
+    mma_m16n8k8_tf32(c.x, ah, bh);
+  }
+};
+
+#endif  // __CUDACC__
+
+}  // namespace flash_kda::sm90::bwd

@@ -1,0 +1,306 @@
+// The chunk-gradient kernel's tensor-core products (src/sm90/backward/chunk_grad_products.cuh),
+// run on the CPU with an emulated warp: the very same tiled loops, fragment index arithmetic and
+// shared-memory layouts as the kernel, against naive products. The emulated mma rebuilds its
+// operands from the 32 lanes' registers by the PTX ISA's m16n8k8 .tf32 table (written out here,
+// independently of mma_tf32.cuh's frag_* functions) and optionally rounds them to tf32 as
+// cvt.rna does, so the tests also measure what tf32 costs, and what 3xTF32 buys for the
+// residual X = v - kd S when it cancels.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "sm90/backward/chunk_grad_products.cuh"
+
+namespace {
+
+namespace bwd = flash_kda::sm90::bwd;
+constexpr int D = bwd::kGradDim;
+constexpr int C = bwd::kC;
+
+/// A warp of 32 lanes in lockstep on the CPU: the interface of bwd::DeviceWarp.
+struct EmuWarp {
+  using A = std::array<bwd::FragA, 32>;
+  using B = std::array<bwd::FragB, 32>;
+  using C = std::array<bwd::FragC, 32>;
+  bool tf32 = false;  // round operands to tf32 (else exact fp32 operands)
+
+  template <class F>
+  A load_a(F at) const {
+    A f;
+    for (int lane = 0; lane < 32; ++lane)
+      for (int r = 0; r < 4; ++r) f[lane].x[r] = at(bwd::frag_a_row(lane, r), bwd::frag_a_col(lane, r));
+    return f;
+  }
+  template <class F>
+  B load_b(F at) const {
+    B f;
+    for (int lane = 0; lane < 32; ++lane)
+      for (int r = 0; r < 2; ++r) f[lane].x[r] = at(bwd::frag_b_row(lane, r), bwd::frag_b_col(lane));
+    return f;
+  }
+  float round(float x) const { return tf32 ? bwd::tf32_round_host(x) : x; }
+  /// The PTX m16n8k8 .tf32 fragment table: a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4],
+  /// a3 = A[g+8][t+4]; b0 = B[t][g], b1 = B[t+4][g]; c0 = C[g][2t], c1 = C[g][2t+1],
+  /// c2 = C[g+8][2t], c3 = C[g+8][2t+1]. fp32 accumulation in the order of k.
+  void mma(C& c, const A& a, const B& b) const {
+    float Am[16][8], Bm[8][8], Cm[16][8];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      Am[g][t] = round(a[lane].x[0]);
+      Am[g + 8][t] = round(a[lane].x[1]);
+      Am[g][t + 4] = round(a[lane].x[2]);
+      Am[g + 8][t + 4] = round(a[lane].x[3]);
+      Bm[t][g] = round(b[lane].x[0]);
+      Bm[t + 4][g] = round(b[lane].x[1]);
+      Cm[g][2 * t] = c[lane].x[0];
+      Cm[g][2 * t + 1] = c[lane].x[1];
+      Cm[g + 8][2 * t] = c[lane].x[2];
+      Cm[g + 8][2 * t + 1] = c[lane].x[3];
+    }
+    for (int i = 0; i < 16; ++i)
+      for (int n = 0; n < 8; ++n) {
+        float s = Cm[i][n];
+        for (int k = 0; k < 8; ++k) s += Am[i][k] * Bm[k][n];
+        Cm[i][n] = s;
+      }
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      c[lane].x[0] = Cm[g][2 * t];
+      c[lane].x[1] = Cm[g][2 * t + 1];
+      c[lane].x[2] = Cm[g + 8][2 * t];
+      c[lane].x[3] = Cm[g + 8][2 * t + 1];
+    }
+  }
+  /// 3xTF32 as DeviceWarp::mma_split: tail x head + head x tail + head x head.
+  void mma_split(C& c, const A& a, const B& b) const {
+    if (!tf32) return mma(c, a, b);
+    A ah = a, al = a;
+    B bh = b, bl = b;
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int r = 0; r < 4; ++r) {
+        ah[lane].x[r] = bwd::tf32_round_host(a[lane].x[r]);
+        al[lane].x[r] = bwd::tf32_round_host(a[lane].x[r] - ah[lane].x[r]);
+      }
+      for (int r = 0; r < 2; ++r) {
+        bh[lane].x[r] = bwd::tf32_round_host(b[lane].x[r]);
+        bl[lane].x[r] = bwd::tf32_round_host(b[lane].x[r] - bh[lane].x[r]);
+      }
+    }
+    mma(c, al, bh);
+    mma(c, ah, bl);
+    mma(c, ah, bh);
+  }
+};
+
+/// Element (row, column) of warp-owned columns n0 .. n0 + 15 of a product, from its fragments.
+template <class F>
+void for_each_result(const EmuWarp::C (&acc)[2], int n0, F f) {
+  for (int nt = 0; nt < 2; ++nt)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int r = 0; r < 4; ++r)
+        f(bwd::frag_c_row(lane, r), n0 + 8 * nt + bwd::frag_c_col(lane, r), acc[nt][lane].x[r]);
+}
+
+/// Random chunk tiles in the kernel's shared-memory layouts, with their dense forms.
+struct Tiles {
+  std::vector<float> S, dS;                  // swizzled
+  std::vector<float> kd, kr, dO, U, dR;      // [16][kRowLd]
+  std::vector<float> M;                      // [16][16]
+  std::vector<double> Sd, dSd;               // dense [K][V]
+  std::vector<double> kdd, krd, dOd, Ud, dRd;  // dense [16][128]
+
+  explicit Tiles(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto state = [&](std::vector<float>& sw, std::vector<double>& dense) {
+      sw.assign(D * D, NAN);
+      dense.resize(D * D);
+      for (int c = 0; c < D; ++c)
+        for (int v = 0; v < D; ++v) {
+          const float x = nd(rng);
+          sw[bwd::state_off(c, v)] = x;
+          dense[c * D + v] = x;
+        }
+    };
+    auto rows = [&](std::vector<float>& tile, std::vector<double>& dense) {
+      tile.assign(C * bwd::kRowLd, NAN);  // the padding must never be read
+      dense.resize(C * D);
+      for (int i = 0; i < C; ++i)
+        for (int v = 0; v < D; ++v) {
+          const float x = nd(rng);
+          tile[i * bwd::kRowLd + v] = x;
+          dense[i * D + v] = x;
+        }
+    };
+    state(S, Sd);
+    state(dS, dSd);
+    rows(kd, kdd);
+    rows(kr, krd);
+    rows(dO, dOd);
+    rows(U, Ud);
+    rows(dR, dRd);
+    M.resize(C * C);
+    for (auto& x : M) x = nd(rng);
+  }
+};
+
+/// max |got - want| / max |want|.
+struct MaxErr {
+  double err = 0, scale = 0;
+  void add(double got, double want) {
+    err = std::max(err, std::abs(got - want));
+    scale = std::max(scale, std::abs(want));
+  }
+  double rel() const { return err / scale; }
+};
+
+/// Adds to e the error of acc (columns n0 .. n0 + 15 of P St^T, P [16][128], St [128][128]).
+void check_state_T(const EmuWarp::C (&acc)[2], int n0, const std::vector<double>& P, const std::vector<double>& St,
+                   MaxErr& e) {
+  for_each_result(acc, n0, [&](int i, int c, float got) {
+    double want = 0;
+    for (int v = 0; v < D; ++v) want += P[i * D + v] * St[c * D + v];
+    e.add(got, want);
+  });
+}
+
+TEST(BackwardMmaTiles, SwizzleIsABijectionKeepingSixteenBytePieces) {
+  std::set<int> seen;
+  for (int c = 0; c < D; ++c)
+    for (int v = 0; v < D; ++v) {
+      const int at = bwd::state_off(c, v);
+      ASSERT_GE(at, c * D);
+      ASSERT_LT(at, (c + 1) * D);
+      seen.insert(at);
+      EXPECT_EQ(bwd::state_off(c, v - v % 4) + v % 4, at) << "16-byte pieces stay whole";
+    }
+  EXPECT_EQ(seen.size(), size_t(D * D));
+}
+
+TEST(BackwardMmaTiles, FragmentLoadsAreFreeOfBankConflicts) {
+  for (int k0 = 0; k0 < D; k0 += 8)
+    for (int n0 = 0; n0 < D; n0 += 8)
+      for (int r = 0; r < 2; ++r) {
+        std::set<int> kv, vk, pairs;
+        for (int lane = 0; lane < 32; ++lane) {
+          const int k = k0 + bwd::frag_b_row(lane, r), n = n0 + bwd::frag_b_col(lane);
+          kv.insert(bwd::state_off(k, n) % 32);  // B = S (K x V)
+          vk.insert(bwd::state_off(n, k) % 32);  // B = S^T (V x K)
+          pairs.insert(((n % 16) * bwd::kRowLd + k) % 32);  // B = U^T (product_pairs)
+        }
+        EXPECT_EQ(kv.size(), 32u);
+        EXPECT_EQ(vk.size(), 32u);
+        EXPECT_EQ(pairs.size(), 32u);
+      }
+  for (int r = 0; r < 4; ++r) {
+    std::set<int> banks;
+    for (int lane = 0; lane < 32; ++lane)
+      banks.insert((bwd::frag_a_row(lane, r) * bwd::kRowLd + bwd::frag_a_col(lane, r)) % 32);
+    EXPECT_EQ(banks.size(), 32u) << "A fragments of a row tile";
+  }
+}
+
+TEST(BackwardMmaTiles, ProductsMatchNaiveProducts) {
+  const Tiles t(11);
+  const EmuWarp w;  // fp32 operands: only the index arithmetic is under test
+  MaxErr eX, eU, eKd, eQd, eKr, eL, eM;
+  for (int warp = 0; warp < 8; ++warp) {
+    const int n0 = 16 * warp;
+    EmuWarp::C x[2] = {}, du[2] = {}, dkd[2] = {}, dqd[2] = {}, dkr[2] = {};
+    bwd::product_residual(w, x, n0, t.kd.data(), t.S.data());
+    bwd::product_dU(w, du, n0, t.M.data(), t.dO.data(), t.kr.data(), t.dS.data());
+    bwd::product_state_T(w, dkd, dqd, dkr, n0, t.dR.data(), t.dO.data(), t.U.data(), t.S.data(), t.dS.data());
+    for_each_result(x, n0, [&](int i, int v, float got) {
+      double want = 0;
+      for (int c = 0; c < D; ++c) want += t.kdd[i * D + c] * t.Sd[c * D + v];
+      eX.add(got, want);
+    });
+    for_each_result(du, n0, [&](int i, int v, float got) {
+      double want = 0;
+      for (int j = 0; j < C; ++j) want += double(t.M[j * C + i]) * t.dOd[j * D + v];
+      for (int c = 0; c < D; ++c) want += t.krd[i * D + c] * t.dSd[c * D + v];
+      eU.add(got, want);
+    });
+    check_state_T(dkd, n0, t.dRd, t.Sd, eKd);
+    check_state_T(dqd, n0, t.dOd, t.Sd, eQd);
+    check_state_T(dkr, n0, t.Ud, t.dSd, eKr);
+  }
+  for (int j0 = 0; j0 < C; j0 += 8)
+    for (int which = 0; which < 2; ++which) {
+      EmuWarp::C acc = {};
+      bwd::product_pairs(w, acc, j0, which == 0 ? t.dR.data() : t.dO.data(), t.U.data());
+      const std::vector<double>& P = which == 0 ? t.dRd : t.dOd;
+      for (int lane = 0; lane < 32; ++lane)
+        for (int r = 0; r < 4; ++r) {
+          const int i = bwd::frag_c_row(lane, r), j = j0 + bwd::frag_c_col(lane, r);
+          double want = 0;
+          for (int v = 0; v < D; ++v) want += P[i * D + v] * t.Ud[j * D + v];
+          (which == 0 ? eL : eM).add(acc[lane].x[r], want);
+        }
+    }
+  for (const MaxErr* e : {&eX, &eU, &eKd, &eQd, &eKr, &eL, &eM}) EXPECT_LE(e->rel(), 1e-5);
+}
+
+TEST(BackwardMmaTiles, Tf32RoundingCostsAboutItsUnitRoundoff) {
+  const Tiles t(12);
+  EmuWarp w;
+  w.tf32 = true;
+  MaxErr e;
+  for (int warp = 0; warp < 8; ++warp) {
+    EmuWarp::C dkd[2] = {}, dqd[2] = {}, dkr[2] = {};
+    bwd::product_state_T(w, dkd, dqd, dkr, 16 * warp, t.dR.data(), t.dO.data(), t.U.data(), t.S.data(),
+                         t.dS.data());
+    for_each_result(dqd, 16 * warp, [&](int i, int c, float got) {
+      double want = 0;
+      for (int v = 0; v < D; ++v) want += t.dOd[i * D + v] * t.Sd[c * D + v];
+      e.add(got, want);
+    });
+  }
+  EXPECT_LE(e.rel(), 2e-3);  // tf32's unit roundoff is 2^-11 ~ 4.9e-4
+  EXPECT_GE(e.rel(), 1e-5);  // the rounding is really applied
+}
+
+// X = v - kd S where the state already predicts v up to 1%: plain tf32 would lose about
+// 100 x 4.9e-4 of X; 3xTF32 (product_residual) keeps X to about fp32's accuracy.
+TEST(BackwardMmaTiles, ResidualKeepsItsAccuracyWhenItCancels) {
+  Tiles t(13);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<double> v(C * D), X(C * D);
+  for (int i = 0; i < C; ++i)
+    for (int c2 = 0; c2 < D; ++c2) {
+      double p = 0;
+      for (int c = 0; c < D; ++c) p += double(t.kd[i * bwd::kRowLd + c]) * t.Sd[c * D + c2];
+      v[i * D + c2] = p + 0.01 * std::sqrt(double(D)) * nd(rng);  // |X| ~ |kd S| / 100
+      X[i * D + c2] = v[i * D + c2] - p;
+    }
+  for (int split = 0; split < 2; ++split) {
+    EmuWarp w;
+    w.tf32 = true;
+    MaxErr e;
+    for (int warp = 0; warp < 8; ++warp) {
+      EmuWarp::C acc[2] = {};
+      if (split) {
+        bwd::product_residual(w, acc, 16 * warp, t.kd.data(), t.S.data());
+      } else {
+        for (int k0 = 0; k0 < D; k0 += 8)
+          for (int nt = 0; nt < 2; ++nt)
+            w.mma(acc[nt], w.load_a([&](int r, int k) { return t.kd[r * bwd::kRowLd + k0 + k]; }),
+                  w.load_b([&](int k, int n) { return t.S[bwd::state_off(k0 + k, 16 * warp + 8 * nt + n)]; }));
+      }
+      for_each_result(acc, 16 * warp, [&](int i, int c, float got) {
+        e.add(float(v[i * D + c]) - got, X[i * D + c]);
+      });
+    }
+    if (split)
+      EXPECT_LE(e.rel(), 5e-4) << "3xTF32";  // fp32 rounding of v and of kd S, relative to |X|
+    else
+      EXPECT_GE(e.rel(), 5e-3) << "plain tf32 loses about two digits here";
+  }
+}
+
+}  // namespace
