@@ -14,6 +14,9 @@
 #include <cstring>
 
 #include "common/gate.h"
+#if defined(__CUDACC__)
+#include "sm90/common/ptx.cuh"
+#endif
 
 namespace flash_kda::sm90::bwd {
 
@@ -41,8 +44,8 @@ struct FragC {
   float x[4];
 };
 
-/// x rounded to tf32 (10 mantissa bits) to nearest, ties away from zero, as cvt.rna.tf32.f32
-/// does (finite x; the kernels' operands are finite). The host form of the device conversion.
+/// x rounded to tf32 (10 mantissa bits) to nearest, ties away from zero (ptx::tf32 rounds ties to
+/// even: the two differ only on exact ties), for finite x: the host form of the device conversion.
 inline float tf32_round_host(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
@@ -53,21 +56,6 @@ inline float tf32_round_host(float x) {
 }
 
 #if defined(__CUDACC__)
-
-/// cvt.rna.tf32.f32: x as a tf32 operand register (low 13 bits zero).
-__device__ __forceinline__ uint32_t tf32_bits(float x) {
-  uint32_t y;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(y) : "f"(x));
-  return y;
-}
-
-/// d += a b on the tensor cores (tf32 operands, fp32 accumulation).
-__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 /// The warp of the calling thread: fragments are this lane's registers.
 struct DeviceWarp {
@@ -95,9 +83,9 @@ struct DeviceWarp {
   }
   /// c += a b with a and b rounded to tf32.
   __device__ __forceinline__ void mma(C& c, const A& a, const B& b) const {
-    const uint32_t ua[4] = {tf32_bits(a.x[0]), tf32_bits(a.x[1]), tf32_bits(a.x[2]), tf32_bits(a.x[3])};
-    const uint32_t ub[2] = {tf32_bits(b.x[0]), tf32_bits(b.x[1])};
-    mma_m16n8k8_tf32(c.x, ua, ub);
+    const uint32_t ua[4] = {ptx::tf32(a.x[0]), ptx::tf32(a.x[1]), ptx::tf32(a.x[2]), ptx::tf32(a.x[3])};
+    const uint32_t ub[2] = {ptx::tf32(b.x[0]), ptx::tf32(b.x[1])};
+    ptx::mma_tf32(c.x, ua, ub);
   }
   /// c += a b to about fp32 accuracy (3xTF32): each operand split into a tf32 head and a tf32
   /// tail, c += a_tail b_head + a_head b_tail + a_head b_head (the tail product is below fp32's
@@ -106,17 +94,17 @@ struct DeviceWarp {
     uint32_t ah[4], al[4], bh[2], bl[2];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      ah[r] = tf32_bits(a.x[r]);
-      al[r] = tf32_bits(a.x[r] - __uint_as_float(ah[r]));
+      ah[r] = ptx::tf32(a.x[r]);
+      al[r] = ptx::tf32(a.x[r] - __uint_as_float(ah[r] & 0xffffe000u));  // tf32() leaves the low bits open
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      bh[r] = tf32_bits(b.x[r]);
-      bl[r] = tf32_bits(b.x[r] - __uint_as_float(bh[r]));
+      bh[r] = ptx::tf32(b.x[r]);
+      bl[r] = ptx::tf32(b.x[r] - __uint_as_float(bh[r] & 0xffffe000u));
     }
-    mma_m16n8k8_tf32(c.x, al, bh);
-    mma_m16n8k8_tf32(c.x, ah, bl);
-    mma_m16n8k8_tf32(c.x, ah, bh);
+    ptx::mma_tf32(c.x, al, bh);
+    ptx::mma_tf32(c.x, ah, bl);
+    ptx::mma_tf32(c.x, ah, bh);
   }
 };
 
