@@ -23,7 +23,7 @@ constexpr int kSlice = 32;                      // value columns per block: a wa
 constexpr int kSlices = kHeadDim / kSlice;      // blocks per (sequence, value head)
 constexpr int kThreads = 256;                   // 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowsPerWarp = kHeadDim / kWarps;  // dS rows c = warp + kWarps * r in a thread's registers
+constexpr int kRowsPerWarp = kHeadDim / kWarps;  // dS rows c = kRowsPerWarp * warp + r in a thread's registers
 constexpr int kRecSpan = kRecordFloats - RecordField::kd;  // the record from kd on: what the chain reads
 static_assert(kRecSpan % 4 == 0 && RecordField::kd % 4 == 0, "16-byte copies");
 
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   float dS[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int c = warp + kWarps * r;
+    const int c = kRowsPerWarp * warp + r;
     dS[r] = p.d_final_state ? load_f(p.d_final_state, slice + state_elem(p.state_k_first, c, v), p.d_final_is_f32) : 0.f;
   }
 
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     float* out = p.dstates + ((sp.first_slot + j) * p.value_heads + hv) * KV;
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int c = warp + kWarps * r;
+      const int c = kRowsPerWarp * warp + r;
       s.dS[c][lane] = dS[r];
       out[int64_t(c) * kHeadDim + v] = dS[r];
     }
@@ -126,16 +126,18 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     const float* rec = s.rec[buf];
     const float(*dO)[kSlice] = s.dO[buf];
 
-    // dU_i = sum_c kr_ic dS_c + sum_{m >= i} M_mi dO_m, rows i = warp and warp + 8 (each dS load
-    // serves both).
+    // dU_i = sum_c kr_ic dS_c + sum_{m >= i} M_mi dO_m, rows i = warp and warp + 8: each dS load
+    // serves both, kr comes 4 channels a load (the warp's lanes read the same address).
     {
       const int i0 = warp, i1 = warp + kWarps;
       float a0 = 0.f, a1 = 0.f;
-#pragma unroll 8
-      for (int c = 0; c < kHeadDim; ++c) {
-        const float d = s.dS[c][lane];
-        a0 += rec[kKr + i0 * kHeadDim + c] * d;
-        a1 += rec[kKr + i1 * kHeadDim + c] * d;
+#pragma unroll 4
+      for (int c = 0; c < kHeadDim; c += 4) {
+        const float4 k0 = *reinterpret_cast<const float4*>(rec + kKr + i0 * kHeadDim + c);
+        const float4 k1 = *reinterpret_cast<const float4*>(rec + kKr + i1 * kHeadDim + c);
+        const float d0 = s.dS[c][lane], d1 = s.dS[c + 1][lane], d2 = s.dS[c + 2][lane], d3 = s.dS[c + 3][lane];
+        a0 += k0.x * d0 + k0.y * d1 + k0.z * d2 + k0.w * d3;
+        a1 += k1.x * d0 + k1.y * d1 + k1.z * d2 + k1.w * d3;
       }
       for (int m = i0; m < kC; ++m) a0 += rec[kM + m * kC + i0] * dO[m][lane];
       for (int m = i1; m < kC; ++m) a1 += rec[kM + m * kC + i1] * dO[m][lane];
@@ -159,13 +161,25 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
       o[i] = dO[i][lane];
       r_[i] = s.bdR[i][lane];
     }
+    // The warp's 16 rows are contiguous channels: qd, kd and eg come 4 rows a load.
+    const int c0 = kRowsPerWarp * warp;
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int c = warp + kWarps * r;
-      float acc = rec[kEg + c] * dS[r];
+    for (int r = 0; r < kRowsPerWarp; r += 4) {
+      const float4 e = *reinterpret_cast<const float4*>(rec + kEg + c0 + r);
+      float4 acc = make_float4(e.x * dS[r], e.y * dS[r + 1], e.z * dS[r + 2], e.w * dS[r + 3]);
 #pragma unroll
-      for (int i = 0; i < kC; ++i) acc += rec[kQd + i * kHeadDim + c] * o[i] - rec[kKd + i * kHeadDim + c] * r_[i];
-      dS[r] = acc;
+      for (int i = 0; i < kC; ++i) {
+        const float4 qd = *reinterpret_cast<const float4*>(rec + kQd + i * kHeadDim + c0 + r);
+        const float4 kd = *reinterpret_cast<const float4*>(rec + kKd + i * kHeadDim + c0 + r);
+        acc.x += qd.x * o[i] - kd.x * r_[i];
+        acc.y += qd.y * o[i] - kd.y * r_[i];
+        acc.z += qd.z * o[i] - kd.z * r_[i];
+        acc.w += qd.w * o[i] - kd.w * r_[i];
+      }
+      dS[r] = acc.x;
+      dS[r + 1] = acc.y;
+      dS[r + 2] = acc.z;
+      dS[r + 3] = acc.w;
     }
     if (j > 0) {
       s.dO[buf ^ 1][threadIdx.x / 16][2 * (threadIdx.x % 16)] = next.x;
@@ -177,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   if (p.d_initial_state)
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int c = warp + kWarps * r;
+      const int c = kRowsPerWarp * warp + r;
       store_f(p.d_initial_state, slice + state_elem(p.state_k_first, c, v), dS[r], p.d_initial_is_f32);
     }
 }

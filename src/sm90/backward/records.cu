@@ -27,26 +27,36 @@ __global__ void __launch_bounds__(kThreads) records_kernel(BackwardParams p) {
   __shared__ float A[kC][kC], b[kC];
   float* rec = p.records + (slot * p.value_heads + hv) * int64_t(kRecordFloats);
 
-  // Per channel: the cumulative decay and the three scaled key/query rows.
+  // Per channel: the cumulative decay and the three scaled key/query rows. Every load is issued
+  // before the first store (the record could alias the inputs as far as the compiler knows).
   if (threadIdx.x < kHeadDim) {
     const int c = threadIdx.x;
-    float acc = 0.f;
+    float a[kC], qv[kC], kv[kC];
+#pragma unroll
     for (int i = 0; i < kC; ++i) {
       const int64_t tok = tok0 + i;
       const bool real = i < rows;
-      acc += real ? p.a[(tok * p.value_heads + hv) * kHeadDim + c] : 0.f;
+      a[i] = real ? p.a[(tok * p.value_heads + hv) * kHeadDim + c] : 0.f;
+      qv[i] = real ? p.q_hat[(tok * p.heads + h) * kHeadDim + c] : 0.f;
+      kv[i] = real ? p.k_hat[(tok * p.heads + h) * kHeadDim + c] : 0.f;
+    }
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+      acc += a[i];
       G[i][c] = acc;
-      q[i][c] = real ? p.q_hat[(tok * p.heads + h) * kHeadDim + c] : 0.f;
-      k[i][c] = real ? p.k_hat[(tok * p.heads + h) * kHeadDim + c] : 0.f;
+      q[i][c] = qv[i];
+      k[i][c] = kv[i];
     }
     const float GC = acc;
     rec[RecordField::eg + c] = expf(GC);
+#pragma unroll
     for (int i = 0; i < kC; ++i) {
       const float e = expf(G[i][c]);
       rec[RecordField::G + i * kHeadDim + c] = G[i][c];
-      rec[RecordField::kd + i * kHeadDim + c] = e * k[i][c];
-      rec[RecordField::qd + i * kHeadDim + c] = p.scale * e * q[i][c];
-      rec[RecordField::kr + i * kHeadDim + c] = expf(GC - G[i][c]) * k[i][c];
+      rec[RecordField::kd + i * kHeadDim + c] = e * kv[i];
+      rec[RecordField::qd + i * kHeadDim + c] = p.scale * e * qv[i];
+      rec[RecordField::kr + i * kHeadDim + c] = expf(GC - G[i][c]) * kv[i];
     }
   } else if (threadIdx.x < kHeadDim + kC) {
     const int i = threadIdx.x - kHeadDim;
