@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
       s.dS[c][lane] = dS[r];
       out[int64_t(c) * kHeadDim + v] = dS[r];
     }
-    ptx::cp_async_wait_all();
+    ptx::cp_async_wait<0>();
     __syncthreads();  // record j, d out rows j and dS visible to all
 
     // The next chunk's (j - 1) record and d out rows start loading.
@@ -127,22 +127,31 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     const float(*dO)[kSlice] = s.dO[buf];
 
     // dU_i = sum_c kr_ic dS_c + sum_{m >= i} M_mi dO_m, rows i = warp and warp + 8: each dS load
-    // serves both, kr comes 4 channels a load (the warp's lanes read the same address).
+    // serves both, kr comes 4 channels a load (the warp's lanes read the same address), and
+    // each row sums in four partial sums (channel c mod 4), added in a fixed order at the end,
+    // so that the dependent chains are a quarter as long.
     {
       const int i0 = warp, i1 = warp + kWarps;
-      float a0 = 0.f, a1 = 0.f;
+      float a0[4] = {}, a1[4] = {};
 #pragma unroll 4
       for (int c = 0; c < kHeadDim; c += 4) {
         const float4 k0 = *reinterpret_cast<const float4*>(rec + kKr + i0 * kHeadDim + c);
         const float4 k1 = *reinterpret_cast<const float4*>(rec + kKr + i1 * kHeadDim + c);
         const float d0 = s.dS[c][lane], d1 = s.dS[c + 1][lane], d2 = s.dS[c + 2][lane], d3 = s.dS[c + 3][lane];
-        a0 += k0.x * d0 + k0.y * d1 + k0.z * d2 + k0.w * d3;
-        a1 += k1.x * d0 + k1.y * d1 + k1.z * d2 + k1.w * d3;
+        a0[0] += k0.x * d0;
+        a0[1] += k0.y * d1;
+        a0[2] += k0.z * d2;
+        a0[3] += k0.w * d3;
+        a1[0] += k1.x * d0;
+        a1[1] += k1.y * d1;
+        a1[2] += k1.z * d2;
+        a1[3] += k1.w * d3;
       }
-      for (int m = i0; m < kC; ++m) a0 += rec[kM + m * kC + i0] * dO[m][lane];
-      for (int m = i1; m < kC; ++m) a1 += rec[kM + m * kC + i1] * dO[m][lane];
-      s.dU[i0][lane] = a0;
-      s.dU[i1][lane] = a1;
+      float u0 = (a0[0] + a0[1]) + (a0[2] + a0[3]), u1 = (a1[0] + a1[1]) + (a1[2] + a1[3]);
+      for (int m = i0; m < kC; ++m) u0 += rec[kM + m * kC + i0] * dO[m][lane];
+      for (int m = i1; m < kC; ++m) u1 += rec[kM + m * kC + i1] * dO[m][lane];
+      s.dU[i0][lane] = u0;
+      s.dU[i1][lane] = u1;
     }
     __syncthreads();
     // diag(b) dR, dR_i = sum_{m >= i} Tinv_mi dU_m.
@@ -155,31 +164,36 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     }
     __syncthreads();
     // dS <- diag(eg) dS + qd^T dO - kd^T diag(b) dR.
-    float o[kC], r_[kC];
+    float o[kC], bdr[kC];
 #pragma unroll
     for (int i = 0; i < kC; ++i) {
       o[i] = dO[i][lane];
-      r_[i] = s.bdR[i][lane];
+      bdr[i] = s.bdR[i][lane];
     }
-    // The warp's 16 rows are contiguous channels: qd, kd and eg come 4 rows a load.
+    // The warp's 16 rows are contiguous channels: qd, kd and eg come 4 rows a load. The qd^T dO
+    // and kd^T diag(b) dR sums run apart (chains half as long) and meet at the end.
     const int c0 = kRowsPerWarp * warp;
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; r += 4) {
       const float4 e = *reinterpret_cast<const float4*>(rec + kEg + c0 + r);
-      float4 acc = make_float4(e.x * dS[r], e.y * dS[r + 1], e.z * dS[r + 2], e.w * dS[r + 3]);
+      float4 aq = make_float4(0.f, 0.f, 0.f, 0.f), ak = aq;
 #pragma unroll
       for (int i = 0; i < kC; ++i) {
         const float4 qd = *reinterpret_cast<const float4*>(rec + kQd + i * kHeadDim + c0 + r);
         const float4 kd = *reinterpret_cast<const float4*>(rec + kKd + i * kHeadDim + c0 + r);
-        acc.x += qd.x * o[i] - kd.x * r_[i];
-        acc.y += qd.y * o[i] - kd.y * r_[i];
-        acc.z += qd.z * o[i] - kd.z * r_[i];
-        acc.w += qd.w * o[i] - kd.w * r_[i];
+        aq.x += qd.x * o[i];
+        aq.y += qd.y * o[i];
+        aq.z += qd.z * o[i];
+        aq.w += qd.w * o[i];
+        ak.x += kd.x * bdr[i];
+        ak.y += kd.y * bdr[i];
+        ak.z += kd.z * bdr[i];
+        ak.w += kd.w * bdr[i];
       }
-      dS[r] = acc.x;
-      dS[r + 1] = acc.y;
-      dS[r + 2] = acc.z;
-      dS[r + 3] = acc.w;
+      dS[r] = e.x * dS[r] + (aq.x - ak.x);
+      dS[r + 1] = e.y * dS[r + 1] + (aq.y - ak.y);
+      dS[r + 2] = e.z * dS[r + 2] + (aq.z - ak.z);
+      dS[r + 3] = e.w * dS[r + 3] + (aq.w - ak.w);
     }
     if (j > 0) {
       s.dO[buf ^ 1][threadIdx.x / 16][2 * (threadIdx.x % 16)] = next.x;

@@ -32,7 +32,8 @@ inline void cp_async_16(void* smem, const void* gmem) {
   std::memcpy(smem, gmem, 16);
 }
 inline void cp_async_commit() {}
-inline void cp_async_wait_all() {}
+template <int N>
+void cp_async_wait() {}
 
 /// tf32 rounding (to nearest even, 10 mantissa bits), as the bits of an fp32 number.
 inline uint32_t tf32(float x) {
