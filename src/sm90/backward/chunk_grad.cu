@@ -24,6 +24,7 @@
 #include "sm90/backward/kernels.h"
 #include "sm90/backward/records.h"
 #include "sm90/common/launch_config.h"
+#include "sm90/common/ptx.cuh"
 
 namespace flash_kda::sm90::bwd {
 namespace {
@@ -74,24 +75,11 @@ __device__ __forceinline__ Smem carve(float* s) {
   return m;
 }
 
-/// Copies 16 bytes from global to shared memory asynchronously (cp.async, L2 only).
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-/// Closes the current group of cp.async copies.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-/// Waits until at most N groups of this thread's copies are in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 /// `rows` x 128 floats at src (row stride 128) into a shared tile of row stride ld, by cp.async.
 __device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, int rows) {
   for (int e = threadIdx.x; e < rows * (kHeadDim / 4); e += kThreads) {
     const int r = e / (kHeadDim / 4), c = (e % (kHeadDim / 4)) * 4;
-    cp_async16(dst + r * ld + c, src + r * kHeadDim + c);
+    ptx::cp_async_16(dst + r * ld + c, src + r * kHeadDim + c);
   }
 }
 
@@ -99,7 +87,7 @@ __device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, 
 __device__ __forceinline__ void copy_state(float* dst, const float* src) {
   for (int e = threadIdx.x; e < kStateFloats / 4; e += kThreads) {
     const int c = e / (kHeadDim / 4), v = (e % (kHeadDim / 4)) * 4;
-    cp_async16(dst + state_off(c, v), src + c * kHeadDim + v);
+    ptx::cp_async_16(dst + state_off(c, v), src + c * kHeadDim + v);
   }
 }
 
@@ -153,7 +141,7 @@ __device__ __forceinline__ void phase_values(const BackwardParams& p, const Smem
     for (int r = 0; r < 4; ++r)
       m.X[frag_c_row(lane, r) * kRowLd + n0 + 8 * nt + frag_c_col(lane, r)] -= acc[nt].x[r];
 
-  cp_async_wait<0>();  // dS and kr
+  ptx::cp_async_wait<0>();  // dS and kr
   __syncthreads();
   FragC du[2] = {};
   product_dU(warp, du, n0, m.M, m.dO, m.kr, m.dS);
@@ -360,18 +348,18 @@ __global__ void __launch_bounds__(kThreads, 1) chunk_grad_kernel(BackwardParams 
   copy_rows(m.kd, kRowLd, rec + RecordField::kd, kC);
   copy_rows(m.G, kHeadDim, rec + RecordField::G, kC);
   for (int e = threadIdx.x; e < kC * kC / 4; e += kThreads) {
-    cp_async16(m.A + 4 * e, rec + RecordField::A + 4 * e);
-    cp_async16(m.M + 4 * e, rec + RecordField::M + 4 * e);
-    cp_async16(m.Tinv + 4 * e, rec + RecordField::Tinv + 4 * e);
+    ptx::cp_async_16(m.A + 4 * e, rec + RecordField::A + 4 * e);
+    ptx::cp_async_16(m.M + 4 * e, rec + RecordField::M + 4 * e);
+    ptx::cp_async_16(m.Tinv + 4 * e, rec + RecordField::Tinv + 4 * e);
   }
-  if (threadIdx.x < kC / 4) cp_async16(m.b + 4 * threadIdx.x, rec + RecordField::b + 4 * threadIdx.x);
-  cp_async_commit();
+  if (threadIdx.x < kC / 4) ptx::cp_async_16(m.b + 4 * threadIdx.x, rec + RecordField::b + 4 * threadIdx.x);
+  ptx::cp_async_commit();
   copy_state(m.dS, ds);
   copy_rows(m.kr, kRowLd, rec + RecordField::kr, kC);
-  cp_async_commit();
+  ptx::cp_async_commit();
   if (!p.state_k_first) load_state_transposed(m.S, st);
   load_tokens(p, m, tok0, rows, hv);
-  cp_async_wait<1>();
+  ptx::cp_async_wait<1>();
   __syncthreads();
 
   phase_values(p, m, w, tok0, rows, hv);

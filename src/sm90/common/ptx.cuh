@@ -67,14 +67,19 @@ __device__ __forceinline__ void st_global_v4(void* p, const uint4& v) {
 
 /// Starts a 16-byte copy from global to shared memory (cp.async.cg: through L2 only); both
 /// addresses 16-byte aligned. cp_async_commit closes the group of copies started since the last
-/// one; cp_async_wait_all waits for every group of this thread (a barrier then shows the data to
-/// the block).
+/// one; cp_async_wait<N> waits until at most N of this thread's groups are in flight (the
+/// oldest complete first) and cp_async_wait_all for every group (a barrier then shows the data
+/// to the block).
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 /// d += a b on tensor cores, one warp: m16n8k8, tf32 operands (tf32() above), fp32 accumulators,
 /// in the fragment layout of the PTX ISA (g = lane / 4, t = lane % 4): a = A[g][t], A[g+8][t],
