@@ -8,6 +8,7 @@
 #include "sm90/backward/device_util.cuh"
 #include "sm90/backward/kernels.h"
 #include "sm90/common/bf16.cuh"
+#include "sm90/common/launch_config.h"
 #include "sm90/common/record.h"
 
 namespace flash_kda::sm90::bwd {
@@ -61,16 +62,18 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(BackwardParams p) {
 }  // namespace
 
 cudaError_t launch_offsets(const BackwardParams& p, cudaStream_t stream) {
-  const int64_t count = p.seqs.num_seqs + 1;
-  offsets_kernel<<<unsigned((count + 255) / 256), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  KernelLaunch k;
+  k.grid_x = unsigned((p.seqs.num_seqs + 1 + 255) / 256);
+  k.block = 256;
+  return launch_planned<offsets_kernel>(k, 0, p, stream);  // no dynamic shared memory: no context key
 }
 
 cudaError_t launch_prepare(const BackwardParams& p, cudaStream_t stream) {
   if (p.total_tokens == 0) return cudaSuccess;
-  const int64_t blocks = p.total_tokens < (int64_t{1} << 20) ? p.total_tokens : (int64_t{1} << 20);
-  prepare_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  KernelLaunch k;
+  k.grid_x = unsigned(p.total_tokens < (int64_t{1} << 20) ? p.total_tokens : (int64_t{1} << 20));
+  k.block = kThreads;
+  return launch_planned<prepare_kernel>(k, 0, p, stream);
 }
 
 }  // namespace flash_kda::sm90::bwd
