@@ -11,6 +11,7 @@
 #include <cmath>
 #include <random>
 #include <set>
+#include <type_traits>
 #include <vector>
 
 #include "sm90/backward/chunk_grad_products.cuh"
@@ -105,26 +106,31 @@ void for_each_result(const EmuWarp::C (&acc)[2], int n0, F f) {
         f(bwd::frag_c_row(lane, r), n0 + 8 * nt + bwd::frag_c_col(lane, r), acc[nt][lane].x[r]);
 }
 
-/// Random chunk tiles in the kernel's shared-memory layouts, with their dense forms.
+/// Random chunk tiles in the kernel's shared-memory layouts, with their dense forms: the states
+/// as kSlices slices in both slice layouts (S) or the k-first one (dS), U and dR as slice tiles.
 struct Tiles {
-  std::vector<float> S, dS;                  // swizzled
-  std::vector<float> kd, kr, dO, U, dR;      // [16][kRowLd]
-  std::vector<float> M;                      // [16][16]
-  std::vector<double> Sd, dSd;               // dense [K][V]
-  std::vector<double> kdd, krd, dOd, Ud, dRd;  // dense [16][128]
+  static constexpr int kSlices = D / bwd::kSliceV;
+  std::vector<float> Sk[kSlices], Sv[kSlices], dS[kSlices];  // slice layouts
+  std::vector<float> U[kSlices], dR[kSlices];                // [16][kSliceLd]
+  std::vector<float> kd, kr, dO;                             // [16][kRowLd]
+  std::vector<float> M;                                      // [16][16]
+  std::vector<double> Sd, dSd;                               // dense [K][V]
+  std::vector<double> kdd, krd, dOd, Ud, dRd;                // dense [16][128]
 
   explicit Tiles(uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
-    auto state = [&](std::vector<float>& sw, std::vector<double>& dense) {
-      sw.assign(D * D, NAN);
+    auto state = [&](std::vector<double>& dense) {
       dense.resize(D * D);
-      for (int c = 0; c < D; ++c)
-        for (int v = 0; v < D; ++v) {
-          const float x = nd(rng);
-          sw[bwd::state_off(c, v)] = x;
-          dense[c * D + v] = x;
-        }
+      for (auto& x : dense) x = nd(rng);
+    };
+    auto slices = [&](std::vector<float>* out, const std::vector<double>& dense, auto layout) {
+      for (int s = 0; s < kSlices; ++s) {
+        out[s].assign(bwd::kSliceFloats, NAN);
+        for (int c = 0; c < D; ++c)
+          for (int v = 0; v < bwd::kSliceV; ++v)
+            out[s][decltype(layout)::off(c, v)] = float(dense[c * D + bwd::kSliceV * s + v]);
+      }
     };
     auto rows = [&](std::vector<float>& tile, std::vector<double>& dense) {
       tile.assign(C * bwd::kRowLd, NAN);  // the padding must never be read
@@ -136,15 +142,33 @@ struct Tiles {
           dense[i * D + v] = x;
         }
     };
-    state(S, Sd);
-    state(dS, dSd);
+    auto slice_rows = [&](std::vector<float>* out, std::vector<double>& dense) {
+      dense.resize(C * D);
+      for (auto& x : dense) x = nd(rng);
+      for (int s = 0; s < kSlices; ++s) {
+        out[s].assign(C * bwd::kSliceLd, NAN);
+        for (int i = 0; i < C; ++i)
+          for (int v = 0; v < bwd::kSliceV; ++v)
+            out[s][i * bwd::kSliceLd + v] = float(dense[i * D + bwd::kSliceV * s + v]);
+      }
+    };
+    state(Sd);
+    state(dSd);
+    slices(Sk, Sd, bwd::KFirstSlice{});
+    slices(Sv, Sd, bwd::VFirstSlice{});
+    slices(dS, dSd, bwd::KFirstSlice{});
     rows(kd, kdd);
     rows(kr, krd);
     rows(dO, dOd);
-    rows(U, Ud);
-    rows(dR, dRd);
+    slice_rows(U, Ud);
+    slice_rows(dR, dRd);
     M.resize(C * C);
     for (auto& x : M) x = nd(rng);
+  }
+  /// S's slice s in layout L.
+  template <class L>
+  const float* S(int s) const {
+    return std::is_same_v<L, bwd::KFirstSlice> ? Sk[s].data() : Sv[s].data();
   }
 };
 
@@ -168,63 +192,112 @@ void check_state_T(const EmuWarp::C (&acc)[2], int n0, const std::vector<double>
   });
 }
 
-TEST(BackwardMmaTiles, SwizzleIsABijectionKeepingSixteenBytePieces) {
+/// Element (row, column) of one n-tile (columns n0 .. n0 + 7) of a product, from its fragments.
+template <class F>
+void for_each_result(const EmuWarp::C& acc, int n0, F f) {
+  for (int lane = 0; lane < 32; ++lane)
+    for (int r = 0; r < 4; ++r) f(bwd::frag_c_row(lane, r), n0 + bwd::frag_c_col(lane, r), acc[lane].x[r]);
+}
+
+template <class L>
+void expect_slice_layout() {
   std::set<int> seen;
   for (int c = 0; c < D; ++c)
-    for (int v = 0; v < D; ++v) {
-      const int at = bwd::state_off(c, v);
-      ASSERT_GE(at, c * D);
-      ASSERT_LT(at, (c + 1) * D);
+    for (int v = 0; v < bwd::kSliceV; ++v) {
+      const int at = L::off(c, v);
+      ASSERT_GE(at, 0);
+      ASSERT_LT(at, bwd::kSliceFloats);
       seen.insert(at);
-      EXPECT_EQ(bwd::state_off(c, v - v % 4) + v % 4, at) << "16-byte pieces stay whole";
+      if (std::is_same_v<L, bwd::KFirstSlice>)
+        EXPECT_EQ(L::off(c, v - v % 4) + v % 4, at) << "a key row's 16-byte pieces stay whole";
+      else
+        EXPECT_EQ(L::off(c - c % 4, v) + c % 4, at) << "a value row's 16-byte pieces stay whole";
     }
-  EXPECT_EQ(seen.size(), size_t(D * D));
+  EXPECT_EQ(seen.size(), size_t(bwd::kSliceFloats));
+}
+
+TEST(BackwardMmaTiles, SliceLayoutsAreBijectionsKeepingSixteenBytePieces) {
+  expect_slice_layout<bwd::KFirstSlice>();
+  expect_slice_layout<bwd::VFirstSlice>();
+}
+
+template <class L>
+void expect_conflict_free_slice() {
+  for (int r = 0; r < 2; ++r) {
+    for (int k0 = 0; k0 < D; k0 += 8)
+      for (int n0 = 0; n0 < bwd::kSliceV; n0 += 8) {  // B = S (K x V): product_residual, product_dU
+        std::set<int> banks;
+        for (int lane = 0; lane < 32; ++lane)
+          banks.insert(L::off(k0 + bwd::frag_b_row(lane, r), n0 + bwd::frag_b_col(lane)) % 32);
+        EXPECT_EQ(banks.size(), 32u);
+      }
+    for (int k0 = 0; k0 < bwd::kSliceV; k0 += 8)
+      for (int n0 = 0; n0 < D; n0 += 8) {  // B = S^T (V x K): product_state_T
+        std::set<int> banks;
+        for (int lane = 0; lane < 32; ++lane)
+          banks.insert(L::off(n0 + bwd::frag_b_col(lane), k0 + bwd::frag_b_row(lane, r)) % 32);
+        EXPECT_EQ(banks.size(), 32u);
+      }
+  }
+  // The kernel's row sums of dS o S: lane l reads key row cb + l % 8, slice column vb + l / 8.
+  for (int cb = 0; cb < D; cb += 8)
+    for (int vb = 0; vb < bwd::kSliceV; vb += 4) {
+      std::set<int> banks;
+      for (int lane = 0; lane < 32; ++lane) banks.insert(L::off(cb + lane % 8, vb + lane / 8) % 32);
+      EXPECT_EQ(banks.size(), 32u);
+    }
 }
 
 TEST(BackwardMmaTiles, FragmentLoadsAreFreeOfBankConflicts) {
-  for (int k0 = 0; k0 < D; k0 += 8)
-    for (int n0 = 0; n0 < D; n0 += 8)
-      for (int r = 0; r < 2; ++r) {
-        std::set<int> kv, vk, pairs;
-        for (int lane = 0; lane < 32; ++lane) {
-          const int k = k0 + bwd::frag_b_row(lane, r), n = n0 + bwd::frag_b_col(lane);
-          kv.insert(bwd::state_off(k, n) % 32);  // B = S (K x V)
-          vk.insert(bwd::state_off(n, k) % 32);  // B = S^T (V x K)
-          pairs.insert(((n % 16) * bwd::kRowLd + k) % 32);  // B = U^T (product_pairs)
-        }
-        EXPECT_EQ(kv.size(), 32u);
-        EXPECT_EQ(vk.size(), 32u);
-        EXPECT_EQ(pairs.size(), 32u);
+  expect_conflict_free_slice<bwd::KFirstSlice>();
+  expect_conflict_free_slice<bwd::VFirstSlice>();
+  for (int ld : {bwd::kRowLd, bwd::kSliceLd}) {
+    for (int r = 0; r < 2; ++r)
+      for (int k0 = 0; k0 < bwd::kSliceV; k0 += 8) {
+        std::set<int> banks;  // B = U^T (product_pairs)
+        for (int lane = 0; lane < 32; ++lane)
+          banks.insert((bwd::frag_b_col(lane) * ld + k0 + bwd::frag_b_row(lane, r)) % 32);
+        EXPECT_EQ(banks.size(), 32u);
       }
-  for (int r = 0; r < 4; ++r) {
-    std::set<int> banks;
-    for (int lane = 0; lane < 32; ++lane)
-      banks.insert((bwd::frag_a_row(lane, r) * bwd::kRowLd + bwd::frag_a_col(lane, r)) % 32);
-    EXPECT_EQ(banks.size(), 32u) << "A fragments of a row tile";
+    for (int r = 0; r < 4; ++r) {
+      std::set<int> banks;
+      for (int lane = 0; lane < 32; ++lane)
+        banks.insert((bwd::frag_a_row(lane, r) * ld + bwd::frag_a_col(lane, r)) % 32);
+      EXPECT_EQ(banks.size(), 32u) << "A fragments of a row tile";
+    }
   }
 }
 
-TEST(BackwardMmaTiles, ProductsMatchNaiveProducts) {
+/// Every product of the kernel, slice by slice, against naive products of the dense tiles.
+template <class L>
+void expect_products_match() {
   const Tiles t(11);
   const EmuWarp w;  // fp32 operands: only the index arithmetic is under test
   MaxErr eX, eU, eKd, eQd, eKr, eL, eM;
+  for (int s = 0; s < Tiles::kSlices; ++s)
+    for (int nb = 0; nb < bwd::kSliceV; nb += 8) {
+      const int v0 = bwd::kSliceV * s;
+      EmuWarp::C x = {}, du = {};
+      bwd::product_residual<L>(w, x, nb, t.kd.data(), t.S<L>(s));
+      bwd::product_dU(w, du, nb, t.M.data(), t.dO.data() + v0, t.kr.data(), t.dS[s].data());
+      for_each_result(x, v0 + nb, [&](int i, int v, float got) {
+        double want = 0;
+        for (int c = 0; c < D; ++c) want += t.kdd[i * D + c] * t.Sd[c * D + v];
+        eX.add(got, want);
+      });
+      for_each_result(du, v0 + nb, [&](int i, int v, float got) {
+        double want = 0;
+        for (int j = 0; j < C; ++j) want += double(t.M[j * C + i]) * t.dOd[j * D + v];
+        for (int c = 0; c < D; ++c) want += t.krd[i * D + c] * t.dSd[c * D + v];
+        eU.add(got, want);
+      });
+    }
   for (int warp = 0; warp < 8; ++warp) {
     const int n0 = 16 * warp;
-    EmuWarp::C x[2] = {}, du[2] = {}, dkd[2] = {}, dqd[2] = {}, dkr[2] = {};
-    bwd::product_residual(w, x, n0, t.kd.data(), t.S.data());
-    bwd::product_dU(w, du, n0, t.M.data(), t.dO.data(), t.kr.data(), t.dS.data());
-    bwd::product_state_T(w, dkd, dqd, dkr, n0, t.dR.data(), t.dO.data(), t.U.data(), t.S.data(), t.dS.data());
-    for_each_result(x, n0, [&](int i, int v, float got) {
-      double want = 0;
-      for (int c = 0; c < D; ++c) want += t.kdd[i * D + c] * t.Sd[c * D + v];
-      eX.add(got, want);
-    });
-    for_each_result(du, n0, [&](int i, int v, float got) {
-      double want = 0;
-      for (int j = 0; j < C; ++j) want += double(t.M[j * C + i]) * t.dOd[j * D + v];
-      for (int c = 0; c < D; ++c) want += t.krd[i * D + c] * t.dSd[c * D + v];
-      eU.add(got, want);
-    });
+    EmuWarp::C dkd[2] = {}, dqd[2] = {}, dkr[2] = {};
+    for (int s = 0; s < Tiles::kSlices; ++s)
+      bwd::product_state_T<L>(w, dkd, dqd, dkr, n0, t.dR[s].data(), t.dO.data() + bwd::kSliceV * s, t.U[s].data(),
+                              t.S<L>(s), t.dS[s].data());
     check_state_T(dkd, n0, t.dRd, t.Sd, eKd);
     check_state_T(dqd, n0, t.dOd, t.Sd, eQd);
     check_state_T(dkr, n0, t.Ud, t.dSd, eKr);
@@ -232,17 +305,25 @@ TEST(BackwardMmaTiles, ProductsMatchNaiveProducts) {
   for (int j0 = 0; j0 < C; j0 += 8)
     for (int which = 0; which < 2; ++which) {
       EmuWarp::C acc = {};
-      bwd::product_pairs(w, acc, j0, which == 0 ? t.dR.data() : t.dO.data(), t.U.data());
+      for (int s = 0; s < Tiles::kSlices; ++s) {
+        if (which == 0)
+          bwd::product_pairs(w, acc, j0, t.dR[s].data(), bwd::kSliceLd, t.U[s].data());
+        else
+          bwd::product_pairs(w, acc, j0, t.dO.data() + bwd::kSliceV * s, bwd::kRowLd, t.U[s].data());
+      }
       const std::vector<double>& P = which == 0 ? t.dRd : t.dOd;
-      for (int lane = 0; lane < 32; ++lane)
-        for (int r = 0; r < 4; ++r) {
-          const int i = bwd::frag_c_row(lane, r), j = j0 + bwd::frag_c_col(lane, r);
-          double want = 0;
-          for (int v = 0; v < D; ++v) want += P[i * D + v] * t.Ud[j * D + v];
-          (which == 0 ? eL : eM).add(acc[lane].x[r], want);
-        }
+      for_each_result(acc, j0, [&](int i, int j, float got) {
+        double want = 0;
+        for (int v = 0; v < D; ++v) want += P[i * D + v] * t.Ud[j * D + v];
+        (which == 0 ? eL : eM).add(got, want);
+      });
     }
   for (const MaxErr* e : {&eX, &eU, &eKd, &eQd, &eKr, &eL, &eM}) EXPECT_LE(e->rel(), 1e-5);
+}
+
+TEST(BackwardMmaTiles, ProductsMatchNaiveProducts) {
+  expect_products_match<bwd::KFirstSlice>();
+  expect_products_match<bwd::VFirstSlice>();
 }
 
 TEST(BackwardMmaTiles, Tf32RoundingCostsAboutItsUnitRoundoff) {
@@ -252,13 +333,11 @@ TEST(BackwardMmaTiles, Tf32RoundingCostsAboutItsUnitRoundoff) {
   MaxErr e;
   for (int warp = 0; warp < 8; ++warp) {
     EmuWarp::C dkd[2] = {}, dqd[2] = {}, dkr[2] = {};
-    bwd::product_state_T(w, dkd, dqd, dkr, 16 * warp, t.dR.data(), t.dO.data(), t.U.data(), t.S.data(),
-                         t.dS.data());
-    for_each_result(dqd, 16 * warp, [&](int i, int c, float got) {
-      double want = 0;
-      for (int v = 0; v < D; ++v) want += t.dOd[i * D + v] * t.Sd[c * D + v];
-      e.add(got, want);
-    });
+    for (int s = 0; s < Tiles::kSlices; ++s)
+      bwd::product_state_T<bwd::KFirstSlice>(w, dkd, dqd, dkr, 16 * warp, t.dR[s].data(),
+                                             t.dO.data() + bwd::kSliceV * s, t.U[s].data(), t.Sk[s].data(),
+                                             t.dS[s].data());
+    check_state_T(dqd, 16 * warp, t.dOd, t.Sd, e);
   }
   EXPECT_LE(e.rel(), 2e-3);  // tf32's unit roundoff is 2^-11 ~ 4.9e-4
   EXPECT_GE(e.rel(), 1e-5);  // the rounding is really applied
@@ -282,20 +361,21 @@ TEST(BackwardMmaTiles, ResidualKeepsItsAccuracyWhenItCancels) {
     EmuWarp w;
     w.tf32 = true;
     MaxErr e;
-    for (int warp = 0; warp < 8; ++warp) {
-      EmuWarp::C acc[2] = {};
-      if (split) {
-        bwd::product_residual(w, acc, 16 * warp, t.kd.data(), t.S.data());
-      } else {
-        for (int k0 = 0; k0 < D; k0 += 8)
-          for (int nt = 0; nt < 2; ++nt)
-            w.mma(acc[nt], w.load_a([&](int r, int k) { return t.kd[r * bwd::kRowLd + k0 + k]; }),
-                  w.load_b([&](int k, int n) { return t.S[bwd::state_off(k0 + k, 16 * warp + 8 * nt + n)]; }));
+    for (int s = 0; s < Tiles::kSlices; ++s)
+      for (int nb = 0; nb < bwd::kSliceV; nb += 8) {
+        const float* S = t.Sv[s].data();
+        EmuWarp::C acc = {};
+        if (split) {
+          bwd::product_residual<bwd::VFirstSlice>(w, acc, nb, t.kd.data(), S);
+        } else {
+          for (int k0 = 0; k0 < D; k0 += 8)
+            w.mma(acc, w.load_a([&](int r, int k) { return t.kd[r * bwd::kRowLd + k0 + k]; }),
+                  w.load_b([&](int k, int n) { return S[bwd::VFirstSlice::off(k0 + k, nb + n)]; }));
+        }
+        for_each_result(acc, bwd::kSliceV * s + nb, [&](int i, int c, float got) {
+          e.add(float(v[i * D + c]) - got, X[i * D + c]);
+        });
       }
-      for_each_result(acc, 16 * warp, [&](int i, int c, float got) {
-        e.add(float(v[i * D + c]) - got, X[i * D + c]);
-      });
-    }
     if (split)
       EXPECT_LE(e.rel(), 5e-4) << "3xTF32";  // fp32 rounding of v and of kd S, relative to |X|
     else

@@ -1,24 +1,38 @@
 // The input gradients of every chunk at once: one block of 8 warps per (chunk row, value head)
-// copies the state before its chunk (the recompute's intermediate state), the gradient of the
-// state after it (the chain's) and the chunk's record (records.h) into shared memory and runs
-// the chunk's backward (chunk_algebra.cuh), writing dv (v's dtype) and the fp32 per-value-head
-// dq_hat, dk_hat, da, db to the workspace, which the finish kernels reduce over GVA heads and
-// take through the norm, the gate and the beta activation.
+// runs the chunk's backward (chunk_algebra.cuh) from the state before its chunk (the recompute's
+// intermediate state), the gradient of the state after it (the chain's) and the chunk's record
+// (records.h), writing dv (v's dtype) and the fp32 per-value-head dq_hat, dk_hat, da, db to the
+// workspace, which the finish kernels reduce over GVA heads and take through the norm, the gate
+// and the beta activation.
 //
-// Phases (a block barrier between them):
-//   load   S and the record's kd, G, A, M, Tinv, b (cp.async group 0), dS and kr (group 1),
-//          v, dO, q_hat, k_hat (plain loads); X = v - kd S starts once group 0 has landed.
-//   1      warp w owns value columns 16w .. 16w + 15 of X, dU = M^T dO + kr dS (tensor cores),
-//          then of U = Tinv diag(b) X, dR = Tinv^T dU and dv = diag(b) dR (fp32, the warp's
-//          own columns hold every token, so only warp barriers are needed).
-//   2      warp w owns key columns 16w .. of dkd = -diag(b) dR S^T, dqd = dO S^T, dkr = U dS^T
-//          (tensor cores); warps 0-3 also form dL = -strict_lower(dR U^T), dM = lower(dO U^T),
-//          warps 4-7 the row sums of dS o S (grad_decay's state term).
-//   3      db per token (a warp per two tokens); then a thread per (key channel, pair parity)
-//          adds the pair terms of dq, dk, dG (E_ij = exp(G_i - G_j), once per pair), the
-//          parity-0 thread also the per-token terms; the two halves meet through shared memory
-//          in a fixed order, and the parity-0 thread writes dq, dk and da (the reverse
-//          cumulative sum of dG, with GC's own terms on the last token).
+// The algebra is separable over the value columns V: for a slice sl of them,
+//   X[:, sl] = v[:, sl] - kd S[:, sl]     dU[:, sl] = M^T dO[:, sl] + kr dS[:, sl]
+//   U[:, sl] = Tinv diag(b) X[:, sl]      dR[:, sl] = Tinv^T dU[:, sl]     dv = diag(b) dR
+// while the products that contract over V add up over the slices:
+//   dkd += dR S^T, dqd += dO S^T, dkr += U dS^T, dL += dR U^T, dM += dO U^T,
+//   rowsum(dS o S) and db's dR . X.
+// So the block walks V in kSlices slices of kSliceV columns and holds only two K x kSliceV
+// slices of S and of dS (double-buffered: slice s + 1 lands by cp.async while slice s is
+// computed), 109,696 B of shared memory in all: two blocks fit an SM, so one block's loads and
+// barriers overlap the other's compute.
+//
+// Loads: kd, kr, A, M, Tinv, b and slice 0 (cp.async group), slice 1 (group), v and dO (plain
+// loads, converted); G, q_hat, k_hat (for phase 3) go by cp.async into slice 0's buffer while
+// the last slice is computed.
+// Per slice s (a block barrier before it, after which slice s + 1's copies are issued):
+//   A   warps 0-3 own slice columns 8w .. 8w + 7: X (3xTF32 mma, in place of v), then U (fp32,
+//       every token of the warp's columns is the warp's, so a warp barrier suffices); warps
+//       4-7 own columns 8(w - 4) ..: dU (mma), then dR and dv (fp32), and the slice's terms of
+//       the row sums of dS o S (grad_decay's state term).
+//   B   (after a block barrier) warp w adds the slice's terms of dkd, dqd, dkr on key columns
+//       16w .. 16w + 15 (mma, accumulators in registers across slices); warps 0-3 those of dL,
+//       dM (one 8-column n-tile each), warps 4-7 those of dR . X per token.
+// Every accumulator adds its slices in order and its lanes in a fixed tree: deterministic.
+// Then, after a barrier: dkd, dqd, dkr, dL, dM, the row sums and dR . X to shared memory; db
+// per token; then a thread per (key channel, pair parity) adds the pair terms of dq, dk, dG
+// (E_ij = exp(G_i - G_j), once per pair), the parity-0 thread also the per-token terms; the two
+// halves meet through shared memory in a fixed order, and the parity-0 thread writes dq, dk and
+// da (the reverse cumulative sum of dG, with GC's own terms on the last token).
 #include "sm90/backward/chunk_grad_products.cuh"
 #include "sm90/backward/chunk_load.cuh"
 #include "sm90/backward/kernels.h"
@@ -33,47 +47,52 @@ static_assert(kGradDim == kHeadDim, "the products are sized for the kernels' hea
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kStateFloats = kHeadDim * kHeadDim;  // S, dS (swizzled, chunk_grad_products.cuh)
-constexpr int kRowTile = kC * kRowLd;              // padded 16-row tiles
-constexpr int kColTile = kC * kHeadDim;            // G, q, k (read a column per thread)
-constexpr int kSmemFloats = 2 * kStateFloats + 7 * kRowTile + 3 * kColTile + 5 * kC * kC + kC + kHeadDim;
-constexpr int kSmemBytes = kSmemFloats * 4;  // 220,480 B: one block per SM
-static_assert(kSmemBytes <= 227 * 1024, "over sm_90's shared memory per block");
-static_assert(kWarps * 16 == kHeadDim, "a warp per 16 output columns");
+constexpr int kSlices = kHeadDim / kSliceV;
+constexpr int kBufFloats = 2 * kSliceFloats;  // a slice of S and of dS
+constexpr int kRowTile = kC * kRowLd;         // padded 16-row tiles
+constexpr int kSliceTile = kC * kSliceLd;     // padded 16-row slice tiles
+constexpr int kColTile = kC * kHeadDim;       // G, q, k and phase 3's partial sums
+constexpr int kSmemFloats = 2 * kBufFloats + 4 * kRowTile + 2 * kSliceTile + 5 * kC * kC + 2 * kC + kHeadDim;
+constexpr int kSmemBytes = kSmemFloats * 4;  // 109,696 B: two blocks per SM
+static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two blocks per SM (1 KB reserved per block)");
+static_assert(4 * kColTile <= kBufFloats, "G, q, k, dq and the partial sums fit a slice buffer");
+static_assert(kWarps == 8 && kSliceV == 32, "warps 0-3 and 4-7 each own the slice's four n-tiles");
+static_assert(kWarps * 16 == kHeadDim, "a warp per 16 key columns");
 
-/// Shared-memory tiles of one block (floats). kd and kr are dead after phase 1 and hold dkd and
-/// dkr from phase 2; dO, U and dR hold the parity-1 partial sums at the end of phase 3.
+/// Shared-memory tiles of one block (floats). After the slices, kd, kr and X hold dkd, dkr and
+/// dqd; buffer 0 holds G, q, k (copied during the last slice) and buffer 1 phase 3's parity-1
+/// sums.
 struct Smem {
-  float *S, *dS;                          // [K][V] swizzled
-  float *kd, *kr, *dO, *X, *U, *dR, *dqd;  // [16][kRowLd]; X holds v, dR holds dU first
-  float *G, *q, *k;                       // [16][K]
-  float *A, *M, *Tinv, *dL, *dM;          // [16][16]
-  float *b, *rowsum;                      // [16], [K]
+  float* buf;              // two buffers of kBufFloats: a slice of S, then of dS
+                           // (chunk_grad_products.cuh's slice layouts)
+  float *kd, *kr, *dO, *X;  // [16][kRowLd]; X holds v first
+  float *U, *dR;          // [16][kSliceLd], the current slice; dR holds dU first
+  float *A, *M, *Tinv, *dL, *dM;  // [16][16]
+  float *b, *db, *rowsum;  // [16], [16] (sum_v dR X), [K]
 };
 
 __device__ __forceinline__ Smem carve(float* s) {
   Smem m;
-  m.S = s; s += kStateFloats;
-  m.dS = s; s += kStateFloats;
+  m.buf = s; s += 2 * kBufFloats;
   m.kd = s; s += kRowTile;
   m.kr = s; s += kRowTile;
   m.dO = s; s += kRowTile;
   m.X = s; s += kRowTile;
-  m.U = s; s += kRowTile;
-  m.dR = s; s += kRowTile;
-  m.dqd = s; s += kRowTile;
-  m.G = s; s += kColTile;
-  m.q = s; s += kColTile;
-  m.k = s; s += kColTile;
+  m.U = s; s += kSliceTile;
+  m.dR = s; s += kSliceTile;
   m.A = s; s += kC * kC;
   m.M = s; s += kC * kC;
   m.Tinv = s; s += kC * kC;
   m.dL = s; s += kC * kC;
   m.dM = s; s += kC * kC;
   m.b = s; s += kC;
+  m.db = s; s += kC;
   m.rowsum = s;
   return m;
 }
+
+/// The buffer of slice s (S's slice, then dS's).
+__device__ __forceinline__ float* slice_buf(const Smem& m, int s) { return m.buf + (s & 1) * kBufFloats; }
 
 /// `rows` x 128 floats at src (row stride 128) into a shared tile of row stride ld, by cp.async.
 __device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, int rows) {
@@ -83,250 +102,289 @@ __device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, 
   }
 }
 
-/// A K x V k-first fp32 state at src into a swizzled state tile, by cp.async.
-__device__ __forceinline__ void copy_state(float* dst, const float* src) {
-  for (int e = threadIdx.x; e < kStateFloats / 4; e += kThreads) {
-    const int c = e / (kHeadDim / 4), v = (e % (kHeadDim / 4)) * 4;
-    ptx::cp_async_16(dst + state_off(c, v), src + c * kHeadDim + v);
+/// Slice s (value columns kSliceV s ..) of a k-first K x V fp32 state at src into a k-first
+/// slice tile, by cp.async: each key row's slice is 128 contiguous bytes.
+__device__ __forceinline__ void copy_slice(KFirstSlice, float* dst, const float* src, int s) {
+  constexpr int kPieces = kSliceV / 4;
+  for (int e = threadIdx.x; e < kHeadDim * kPieces; e += kThreads) {
+    const int c = e / kPieces, v = (e % kPieces) * 4;
+    ptx::cp_async_16(dst + KFirstSlice::off(c, v), src + c * kHeadDim + kSliceV * s + v);
   }
 }
 
-/// A V x K (v-first) fp32 state at src into a swizzled (k-first) state tile: 16-byte loads
-/// along k, transposed by four 4-byte stores.
-__device__ __forceinline__ void load_state_transposed(float* dst, const float* src) {
-  for (int e = threadIdx.x; e < kStateFloats / 4; e += kThreads) {
-    const int v = e / (kHeadDim / 4), c = (e % (kHeadDim / 4)) * 4;
-    const float4 x = __ldg(reinterpret_cast<const float4*>(src + v * kHeadDim + c));
-    dst[state_off(c, v)] = x.x;
-    dst[state_off(c + 1, v)] = x.y;
-    dst[state_off(c + 2, v)] = x.z;
-    dst[state_off(c + 3, v)] = x.w;
+/// Slice s of a v-first V x K fp32 state at src into a v-first slice tile, by cp.async: the
+/// slice is kSliceV contiguous rows.
+__device__ __forceinline__ void copy_slice(VFirstSlice, float* dst, const float* src, int s) {
+  constexpr int kPieces = kHeadDim / 4;
+  for (int e = threadIdx.x; e < kSliceV * kPieces; e += kThreads) {
+    const int v = e / kPieces, c = (e % kPieces) * 4;
+    ptx::cp_async_16(dst + VFirstSlice::off(c, v), src + (kSliceV * s + v) * kHeadDim + c);
   }
 }
 
-/// v, dO (into X, dO) and q_hat, k_hat (into q, k) of the chunk's `rows` tokens; zero past them.
+/// S's and dS's slice s into buffer s % 2, by cp.async (not committed).
+template <class L>
+__device__ __forceinline__ void copy_states(const Smem& m, const float* st, const float* ds, int s) {
+  float* to = slice_buf(m, s);
+  copy_slice(L{}, to, st, s);
+  copy_slice(KFirstSlice{}, to + kSliceFloats, ds, s);
+}
+
+/// v and dO (into X and dO) of the chunk's `rows` tokens; zero past them.
 __device__ __forceinline__ void load_tokens(const BackwardParams& p, const Smem& m, int64_t tok0, int rows, int hv) {
-  const int h = hv / p.group;
   const bool varlen = p.seqs.cu_seqlens != nullptr;
   for (int e = threadIdx.x; e < kC * kHeadDim; e += kThreads) {
     const int i = e / kHeadDim, c = e % kHeadDim;
-    float q = 0.f, k = 0.f, o = 0.f, v = 0.f;
+    float o = 0.f, v = 0.f;
     if (i < rows) {
       const int64_t tok = tok0 + i;
-      q = p.q_hat[(tok * p.heads + h) * kHeadDim + c];
-      k = p.k_hat[(tok * p.heads + h) * kHeadDim + c];
       const int64_t ln = layout_seq(tok, p.seqs.seqlen, varlen);
       o = load_f_at(p.d_out, p.d_out_rows.offset(ln, tok, hv) + int64_t(c) * (p.d_out_is_f32 ? 4 : 2), p.d_out_is_f32);
       v = __bfloat162float(
           reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(p.v) + p.v_rows.offset(ln, tok, hv))[c]);
     }
-    m.q[e] = q;
-    m.k[e] = k;
     m.dO[i * kRowLd + c] = o;
     m.X[i * kRowLd + c] = v;
   }
 }
 
-/// Phase 1 of warp `w`: X, dU, U, dR and dv on value columns 16w .. 16w + 15 (see the header).
-/// Ends with the block barrier after which U and dR are complete.
-__device__ __forceinline__ void phase_values(const BackwardParams& p, const Smem& m, int w, int64_t tok0, int rows,
-                                             int hv) {
+/// G (from the record) and q_hat, k_hat of the chunk's `rows` tokens (zero past them) into
+/// [16][K] tiles at dst, dst + kColTile, dst + 2 kColTile, by cp.async (not committed).
+__device__ __forceinline__ void copy_channels(const BackwardParams& p, float* dst, const float* rec, int64_t tok0,
+                                              int rows, int hv) {
+  const int h = hv / p.group;
+  copy_rows(dst, kHeadDim, rec + RecordField::G, kC);
+  constexpr int kPieces = kHeadDim / 4;
+  for (int e = threadIdx.x; e < 2 * kC * kPieces; e += kThreads) {
+    const int which = e / (kC * kPieces), i = (e / kPieces) % kC, c = (e % kPieces) * 4;
+    float* to = dst + (1 + which) * kColTile + i * kHeadDim + c;
+    if (i < rows)
+      ptx::cp_async_16(to, (which == 0 ? p.q_hat : p.k_hat) + ((tok0 + i) * p.heads + h) * kHeadDim + c);
+    else
+      *reinterpret_cast<float4*>(to) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+/// Step A of slice s (see the header) for warp w; S and dS are the slice's tiles. Warps 4-7
+/// add the slice's terms of the row sums of dS o S of rows 8 (w - 4 + 4 q) + lane % 8 to
+/// aux.x[q] (warps 0-3 hold dL or dM in aux).
+template <class L>
+__device__ __forceinline__ void slice_values(const BackwardParams& p, const Smem& m, const float* S, const float* dS,
+                                             int s, int w, int64_t tok0, int rows, int hv, FragC& aux) {
   const DeviceWarp warp;
-  const int lane = int(threadIdx.x & 31), n0 = 16 * w;
-  FragC acc[2] = {};
-  product_residual(warp, acc, n0, m.kd, m.S);
+  const int lane = int(threadIdx.x & 31), nb = 8 * (w & 3), v0 = kSliceV * s;
+  FragC acc = {};
+  if (w < 4) {
+    // X = v - kd S, then U_i = sum_{j<=i} Tinv_ij b_j X_j on this lane's accumulator positions.
+    product_residual<L>(warp, acc, nb, m.kd, S);
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-      m.X[frag_c_row(lane, r) * kRowLd + n0 + 8 * nt + frag_c_col(lane, r)] -= acc[nt].x[r];
-
-  ptx::cp_async_wait<0>();  // dS and kr
-  __syncthreads();
-  FragC du[2] = {};
-  product_dU(warp, du, n0, m.M, m.dO, m.kr, m.dS);
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) m.dR[frag_c_row(lane, r) * kRowLd + n0 + 8 * nt + frag_c_col(lane, r)] = du[nt].x[r];
-  __syncwarp();
-
-  // U_i = sum_{j<=i} Tinv_ij b_j X_j and dR_i = sum_{j>=i} Tinv_ji dU_j on this lane's
-  // accumulator positions (every token of the warp's columns is in the warp's tiles).
-  float dr[2][4];
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+    for (int r = 0; r < 4; ++r) m.X[frag_c_row(lane, r) * kRowLd + v0 + nb + frag_c_col(lane, r)] -= acc.x[r];
+    __syncwarp();
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int i = frag_c_row(lane, r), v = n0 + 8 * nt + frag_c_col(lane, r);
-      float u = 0.f, d = 0.f;
-      for (int j = 0; j <= i; ++j) u += m.Tinv[i * kC + j] * m.b[j] * m.X[j * kRowLd + v];
-      for (int j = i; j < kC; ++j) d += m.Tinv[j * kC + i] * m.dR[j * kRowLd + v];
-      m.U[i * kRowLd + v] = u;
-      dr[nt][r] = d;
+      const int i = frag_c_row(lane, r), v = nb + frag_c_col(lane, r);
+      float u = 0.f;
+      for (int j = 0; j <= i; ++j) u += m.Tinv[i * kC + j] * m.b[j] * m.X[j * kRowLd + v0 + v];
+      m.U[i * kSliceLd + v] = u;
     }
+    return;
+  }
+  // dU = M^T dO + kr dS, then dR_i = sum_{j>=i} Tinv_ji dU_j (in place) and dv = diag(b) dR.
+  product_dU(warp, acc, nb, m.M, m.dO + v0, m.kr, dS);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) m.dR[frag_c_row(lane, r) * kSliceLd + nb + frag_c_col(lane, r)] = acc.x[r];
+  __syncwarp();
+  float dr[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int i = frag_c_row(lane, r), v = nb + frag_c_col(lane, r);
+    float d = 0.f;
+    for (int j = i; j < kC; ++j) d += m.Tinv[j * kC + i] * m.dR[j * kSliceLd + v];
+    dr[r] = d;
+  }
   __syncwarp();
   __nv_bfloat16* dv = static_cast<__nv_bfloat16*>(p.dv);
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
+  for (int r = 0; r < 4; r += 2) {  // registers r, r + 1: one token, two adjacent columns
+    const int i = frag_c_row(lane, r), v = nb + frag_c_col(lane, r);
+    m.dR[i * kSliceLd + v] = dr[r];
+    m.dR[i * kSliceLd + v + 1] = dr[r + 1];
+    if (i < rows)
+      *reinterpret_cast<__nv_bfloat162*>(dv + ((tok0 + i) * p.value_heads + hv) * kHeadDim + v0 + v) =
+          __floats2bfloat162_rn(m.b[i] * dr[r], m.b[i] * dr[r + 1]);
+  }
+  // Row sums: lane l takes key row cb + l % 8 and slice columns l / 8, l / 8 + 4, ...: both
+  // slice layouts then put the 32 lanes on 32 banks.
 #pragma unroll
-    for (int r = 0; r < 4; r += 2) {  // registers r, r + 1: one token, two adjacent columns
-      const int i = frag_c_row(lane, r), v = n0 + 8 * nt + frag_c_col(lane, r);
-      m.dR[i * kRowLd + v] = dr[nt][r];
-      m.dR[i * kRowLd + v + 1] = dr[nt][r + 1];
-      if (i < rows)
-        *reinterpret_cast<__nv_bfloat162*>(dv + ((tok0 + i) * p.value_heads + hv) * kHeadDim + v) =
-            __floats2bfloat162_rn(m.b[i] * dr[nt][r], m.b[i] * dr[nt][r + 1]);
-    }
-  __syncthreads();
+  for (int q = 0; q < 4; ++q) {
+    const int c = 8 * (w - 4 + 4 * q) + (lane & 7);
+#pragma unroll
+    for (int v = lane >> 3; v < kSliceV; v += 4) aux.x[q] += dS[KFirstSlice::off(c, v)] * S[L::off(c, v)];
+  }
 }
 
-/// Phase 2 of warp `w`: dkd (into kd), dqd, dkr (into kr) on key columns 16w .. 16w + 15; dL,
-/// dM (warps 0-3) or the row sums of dS o S (warps 4-7). Ends with a block barrier.
-__device__ __forceinline__ void phase_keys(const Smem& m, int w) {
+/// Step B of slice s for warp w (see the header): dkd, dqd, dkr on key columns 16w ..; dL
+/// (warps 0, 1) or dM (warps 2, 3) on token columns 8 (w % 2) .. (into aux); dR . X of token
+/// (threadIdx.x - 128) / 8 on slice columns 4 (threadIdx.x % 8) .. + 3 (warps 4-7).
+template <class L>
+__device__ __forceinline__ void slice_keys(const Smem& m, const float* S, const float* dS, int s, int w,
+                                           FragC (&dkd)[2], FragC (&dqd)[2], FragC (&dkr)[2], FragC& aux,
+                                           float& dRX) {
   const DeviceWarp warp;
+  const int v0 = kSliceV * s;
+  product_state_T<L>(warp, dkd, dqd, dkr, 16 * w, m.dR, m.dO + v0, m.U, S, dS);
+  if (w < 4) {
+    if (w < 2)
+      product_pairs(warp, aux, 8 * (w & 1), m.dR, kSliceLd, m.U);
+    else
+      product_pairs(warp, aux, 8 * (w & 1), m.dO + v0, kRowLd, m.U);
+  } else {
+    const int e = int(threadIdx.x) - 128, i = e / 8, v = 4 * (e % 8);
+    const float4 r = *reinterpret_cast<const float4*>(m.dR + i * kSliceLd + v);
+    const float4 x = *reinterpret_cast<const float4*>(m.X + i * kRowLd + v0 + v);
+    dRX += r.x * x.x + r.y * x.y + r.z * x.z + r.w * x.w;
+  }
+}
+
+/// After the slices (and a barrier): the accumulators to shared memory, dkd (as -diag(b) dR S^T)
+/// into kd, dqd into X, dkr into kr, dL or dM (aux of warps 0-3), the row sums (aux of warps
+/// 4-7) and dR . X.
+__device__ __forceinline__ void store_sums(const Smem& m, int w, const FragC (&dkd)[2], const FragC (&dqd)[2],
+                                           const FragC (&dkr)[2], FragC aux, float dRX) {
   const int lane = int(threadIdx.x & 31), n0 = 16 * w;
-  FragC dkd[2] = {}, dqd[2] = {}, dkr[2] = {};
-  product_state_T(warp, dkd, dqd, dkr, n0, m.dR, m.dO, m.U, m.S, m.dS);
-  // Every warp finished reading kd and kr (phase 1's barrier), so they take dkd and dkr.
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int i = frag_c_row(lane, r), at = i * kRowLd + n0 + 8 * nt + frag_c_col(lane, r);
       m.kd[at] = -m.b[i] * dkd[nt].x[r];
-      m.dqd[at] = dqd[nt].x[r];
+      m.X[at] = dqd[nt].x[r];
       m.kr[at] = dkr[nt].x[r];
     }
   if (w < 4) {
     const bool is_dL = w < 2;
     const int j0 = 8 * (w & 1);
-    FragC acc = {};
-    product_pairs(warp, acc, j0, is_dL ? m.dR : m.dO, m.U);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int i = frag_c_row(lane, r), j = j0 + frag_c_col(lane, r);
       if (is_dL)
-        m.dL[i * kC + j] = j < i ? -acc.x[r] : 0.f;
+        m.dL[i * kC + j] = j < i ? -aux.x[r] : 0.f;
       else
-        m.dM[i * kC + j] = j <= i ? acc.x[r] : 0.f;
+        m.dM[i * kC + j] = j <= i ? aux.x[r] : 0.f;
     }
-  } else {
-    for (int c = (w - 4) * 32; c < (w - 3) * 32; ++c) {
-      float s = 0.f;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int at = state_off(c, lane + 32 * q);
-        s += m.dS[at] * m.S[at];
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0) m.rowsum[c] = s;
-    }
+    return;
   }
-  __syncthreads();
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    aux.x[q] += __shfl_xor_sync(0xffffffffu, aux.x[q], 8);
+    aux.x[q] += __shfl_xor_sync(0xffffffffu, aux.x[q], 16);
+    if (lane < 8) m.rowsum[8 * (w - 4 + 4 * q) + lane] = aux.x[q];
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) dRX += __shfl_xor_sync(0xffffffffu, dRX, o);
+  if (lane % 8 == 0) m.db[(int(threadIdx.x) - 128) / 8] = dRX;
 }
 
-/// db_i = dR_i . X_i + sum_{j<i} dL_ij A_ij for tokens 2w, 2w + 1 (warp w), to p.db.
-__device__ __forceinline__ void grad_beta(const BackwardParams& p, const Smem& m, int w, int64_t tok0, int rows,
-                                          int hv) {
-  const int lane = int(threadIdx.x & 31);
-  for (int i = 2 * w; i < 2 * w + 2; ++i) {
-    float s = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) s += m.dR[i * kRowLd + lane + 32 * q] * m.X[i * kRowLd + lane + 32 * q];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0 && i < rows) {
-      for (int j = 0; j < i; ++j) s += m.dL[i * kC + j] * m.A[i * kC + j];
-      p.db[(tok0 + i) * p.value_heads + hv] = s;
-    }
-  }
+/// db_i = dR_i . X_i + sum_{j<i} dL_ij A_ij for the chunk's tokens (threads 0-15), to p.db.
+__device__ __forceinline__ void grad_beta(const BackwardParams& p, const Smem& m, int64_t tok0, int rows, int hv) {
+  const int i = int(threadIdx.x);
+  if (i >= rows) return;
+  float s = m.db[i];
+  for (int j = 0; j < i; ++j) s += m.dL[i * kC + j] * m.A[i * kC + j];
+  p.db[(tok0 + i) * p.value_heads + hv] = s;
 }
 
-/// The pair terms of dq, dk, dG on key channel c for the pairs (i, j), j <= i, with
-/// (i + j) % 2 == kParity (the diagonal is parity 0), added to dq, dk, dG (chunk_algebra.cuh's
-/// grad_keys; E_ij = exp(G_i - G_j) once per pair, serving both tokens).
+/// The terms of dq, dk, dG on key channel c of the pairs (i, j), j <= i, with (i + j) % 2 ==
+/// kParity (the diagonal is parity 0; chunk_algebra.cuh's grad_keys; E_ij = exp(G_i - G_j) once
+/// per pair, serving both tokens), and with kParity 0 also the per-token terms of dkd, dqd, dkr
+/// and GC's own terms (into `last`). G, q, k are the [16][K] tiles at ch; dq_i is complete after
+/// row i, so it goes to dq_out[i * K + c] at once; dk and dG take terms of later rows too and
+/// stay in registers.
 template <int kParity>
-__device__ __forceinline__ void pair_terms(const Smem& m, float scale, const float (&G)[kC], const float (&q)[kC],
-                                           const float (&k)[kC], float (&dq)[kC], float (&dk)[kC], float (&dG)[kC]) {
+__device__ __forceinline__ void channel_terms(const Smem& m, float scale, const float* ch, int c, float* dq_out,
+                                              float (&dk)[kC], float (&dG)[kC], float& last) {
+  float G[kC], k[kC];
+  const float GC = ch[(kC - 1) * kHeadDim + c];
 #pragma unroll
-  for (int i = 0; i < kC; ++i)
+  for (int i = 0; i < kC; ++i) {
+    G[i] = ch[i * kHeadDim + c];
+    k[i] = ch[2 * kColTile + i * kHeadDim + c];
+    const float qi = ch[kColTile + i * kHeadDim + c];
+    float dq = 0.f;
+    dk[i] = dG[i] = 0.f;
 #pragma unroll
     for (int j = 0; j <= i; ++j) {
       if (((i + j) & 1) != kParity) continue;
       if (j == i) {  // E_ii = 1; the two dG terms cancel
         const float mm = scale * m.dM[i * kC + i];
-        dq[i] += mm * k[i];
-        dk[i] += mm * q[i];
+        dq += mm * k[i];
+        dk[i] += mm * qi;
         continue;
       }
       const float E = fexp(G[i] - G[j]);
       const float mm = scale * m.dM[i * kC + j] * E;  // scale dM_ij E_ij
       const float aa = m.b[i] * m.dL[i * kC + j] * E;  // dA_ij E_ij
-      dq[i] += mm * k[j];
-      dk[j] += mm * q[i] + aa * k[i];
+      dq += mm * k[j];
+      dk[j] += mm * qi + aa * k[i];
       dk[i] += aa * k[j];
-      const float g = (mm * q[i] + aa * k[i]) * k[j];
+      const float g = (mm * qi + aa * k[i]) * k[j];
       dG[i] += g;
       dG[j] -= g;
     }
-}
-
-/// Phase 3 (after grad_beta): dq_hat, dk_hat, da of the chunk's `rows` tokens on key channel
-/// threadIdx.x % 128 (see the header).
-__device__ __forceinline__ void phase_channels(const BackwardParams& p, const Smem& m, int64_t tok0, int rows,
-                                               int hv) {
-  const int c = int(threadIdx.x) % kHeadDim, half = int(threadIdx.x) / kHeadDim;
-  float G[kC], q[kC], k[kC], dq[kC], dk[kC], dG[kC];
-#pragma unroll
-  for (int i = 0; i < kC; ++i) {
-    G[i] = m.G[i * kHeadDim + c];
-    q[i] = m.q[i * kHeadDim + c];
-    k[i] = m.k[i * kHeadDim + c];
-    dq[i] = dk[i] = dG[i] = 0.f;
-  }
-  float last = 0.f;  // GC's own terms: sum_t dkr_t kr_t + exp(GC) rowsum(dS o S)
-  if (half == 0) {
-    pair_terms<0>(m, p.scale, G, q, k, dq, dk, dG);
-#pragma unroll
-    for (int i = 0; i < kC; ++i) {
-      const float eg = fexp(G[i]), er = fexp(G[kC - 1] - G[i]);
-      const float dkd = m.kd[i * kRowLd + c], dqd = m.dqd[i * kRowLd + c], dkr = m.kr[i * kRowLd + c];
+    if (kParity == 0) {
+      const float eg = fexp(G[i]), er = fexp(GC - G[i]);
+      const float dkd = m.kd[i * kRowLd + c], dqd = m.X[i * kRowLd + c], dkr = m.kr[i * kRowLd + c];
       const float kr_dkr = er * k[i] * dkr;
-      dq[i] += p.scale * eg * dqd;
+      dq += scale * eg * dqd;
       dk[i] += eg * dkd + er * dkr;
-      dG[i] += eg * k[i] * dkd + p.scale * eg * q[i] * dqd - kr_dkr;
+      dG[i] += eg * k[i] * dkd + scale * eg * qi * dqd - kr_dkr;
       last += kr_dkr;
       if (i == kC - 1) last += eg * m.rowsum[c];
     }
-  } else {
-    pair_terms<1>(m, p.scale, G, q, k, dq, dk, dG);
+    dq_out[i * kHeadDim + c] = dq;
   }
-  __syncthreads();  // grad_beta and every warp's reads of dO, U, dR are done
-  if (half == 1)
+}
+
+/// Phase 3 (after grad_beta, the barrier after store_sums): dq_hat, dk_hat, da of the chunk's
+/// `rows` tokens on key channel threadIdx.x % 128 (see the header). G, q, k are the [16][K]
+/// tiles at buffer 0, whose fourth tile takes the parity-0 dq; the parity-1 sums meet the
+/// parity-0 ones through buffer 1.
+__device__ __forceinline__ void phase_channels(const BackwardParams& p, const Smem& m, int64_t tok0, int rows,
+                                               int hv) {
+  const int c = int(threadIdx.x) % kHeadDim, half = int(threadIdx.x) / kHeadDim;
+  const float* ch = slice_buf(m, 0);
+  float* dq0 = slice_buf(m, 0) + 3 * kColTile;
+  float* part = slice_buf(m, 1);  // free since the barrier after the last slice
+  float dk[kC], dG[kC];
+  float last = 0.f;  // GC's own terms: sum_t dkr_t kr_t + exp(GC) rowsum(dS o S)
+  if (half == 0) {
+    channel_terms<0>(m, p.scale, ch, c, dq0, dk, dG, last);
+  } else {
+    channel_terms<1>(m, p.scale, ch, c, part, dk, dG, last);
 #pragma unroll
     for (int i = 0; i < kC; ++i) {
-      m.dO[i * kRowLd + c] = dq[i];
-      m.U[i * kRowLd + c] = dk[i];
-      m.dR[i * kRowLd + c] = dG[i];
+      part[kColTile + i * kHeadDim + c] = dk[i];
+      part[2 * kColTile + i * kHeadDim + c] = dG[i];
     }
+  }
   __syncthreads();
   if (half == 1) return;
   const int64_t row = (tok0 * p.value_heads + hv) * kHeadDim + c, stride = int64_t(p.value_heads) * kHeadDim;
   float acc = last;
 #pragma unroll
   for (int i = kC - 1; i >= 0; --i) {
-    acc += dG[i] + m.dR[i * kRowLd + c];
+    acc += dG[i] + part[2 * kColTile + i * kHeadDim + c];
     if (i < rows) {
-      p.dq_hat[row + i * stride] = dq[i] + m.dO[i * kRowLd + c];
-      p.dk_hat[row + i * stride] = dk[i] + m.U[i * kRowLd + c];
+      p.dq_hat[row + i * stride] = dq0[i * kHeadDim + c] + part[i * kHeadDim + c];
+      p.dk_hat[row + i * stride] = dk[i] + part[kColTile + i * kHeadDim + c];
       p.da[row + i * stride] = acc;
     }
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) chunk_grad_kernel(BackwardParams p) {
+/// L: the slice layout of S (KFirstSlice or VFirstSlice, the call's state layout).
+template <class L>
+__global__ void __launch_bounds__(kThreads, 2) chunk_grad_kernel(BackwardParams p) {
   const int64_t slot = blockIdx.x;
   const int hv = blockIdx.y;
   const int64_t n = p.seqs.seq_of_slot(slot);
@@ -343,28 +401,50 @@ __global__ void __launch_bounds__(kThreads, 1) chunk_grad_kernel(BackwardParams 
   const float* ds = p.dstates + (slot * p.value_heads + hv) * KV;
   const float* rec = p.records + (slot * p.value_heads + hv) * int64_t(kRecordFloats);
 
-  // Group 0: what X = v - kd S needs (and the small matrices); group 1: what dU needs.
-  if (p.state_k_first) copy_state(m.S, st);
+  // Group 0: the record's tiles and slice 0; group 1: slice 1; then the plain loads of v, dO.
   copy_rows(m.kd, kRowLd, rec + RecordField::kd, kC);
-  copy_rows(m.G, kHeadDim, rec + RecordField::G, kC);
+  copy_rows(m.kr, kRowLd, rec + RecordField::kr, kC);
   for (int e = threadIdx.x; e < kC * kC / 4; e += kThreads) {
     ptx::cp_async_16(m.A + 4 * e, rec + RecordField::A + 4 * e);
     ptx::cp_async_16(m.M + 4 * e, rec + RecordField::M + 4 * e);
     ptx::cp_async_16(m.Tinv + 4 * e, rec + RecordField::Tinv + 4 * e);
   }
   if (threadIdx.x < kC / 4) ptx::cp_async_16(m.b + 4 * threadIdx.x, rec + RecordField::b + 4 * threadIdx.x);
+  copy_states<L>(m, st, ds, 0);
   ptx::cp_async_commit();
-  copy_state(m.dS, ds);
-  copy_rows(m.kr, kRowLd, rec + RecordField::kr, kC);
+  copy_states<L>(m, st, ds, 1);
   ptx::cp_async_commit();
-  if (!p.state_k_first) load_state_transposed(m.S, st);
   load_tokens(p, m, tok0, rows, hv);
-  ptx::cp_async_wait<1>();
-  __syncthreads();
 
-  phase_values(p, m, w, tok0, rows, hv);
-  phase_keys(m, w);
-  grad_beta(p, m, w, tok0, rows, hv);
+  // Accumulated over the slices: aux is dL (warps 0, 1), dM (warps 2, 3) or row sums (4-7).
+  FragC dkd[2] = {}, dqd[2] = {}, dkr[2] = {}, aux = {};
+  float dRX = 0.f;
+  for (int s = 0; s < kSlices; ++s) {
+    // Slice s has landed and every warp is past slice s - 1: its buffer takes slice s + 1
+    // (slices 0 and 1 were issued above), or, during the last slice, G, q and k.
+    if (s == 0)
+      ptx::cp_async_wait<1>();
+    else
+      ptx::cp_async_wait<0>();
+    __syncthreads();
+    if (s >= 1 && s + 1 < kSlices) {
+      copy_states<L>(m, st, ds, s + 1);
+      ptx::cp_async_commit();
+    } else if (s == kSlices - 1) {
+      copy_channels(p, slice_buf(m, s + 1), rec, tok0, rows, hv);
+      ptx::cp_async_commit();
+    }
+    const float* S = slice_buf(m, s);
+    const float* dS = S + kSliceFloats;
+    slice_values<L>(p, m, S, dS, s, w, tok0, rows, hv, aux);
+    __syncthreads();
+    slice_keys<L>(m, S, dS, s, w, dkd, dqd, dkr, aux, dRX);
+  }
+  __syncthreads();  // every warp is past the last slice: kd, kr, X and buffer 1 are free
+  store_sums(m, w, dkd, dqd, dkr, aux, dRX);
+  ptx::cp_async_wait<0>();  // G, q, k
+  __syncthreads();
+  grad_beta(p, m, tok0, rows, hv);
   phase_channels(p, m, tok0, rows, hv);
 }
 
@@ -377,7 +457,8 @@ cudaError_t launch_chunk_grad(const BackwardParams& p, uint64_t context_key, cud
   k.grid_y = unsigned(p.value_heads);
   k.block = kThreads;
   k.smem_bytes = k.smem_attr = kSmemBytes;
-  return launch_planned<chunk_grad_kernel>(k, context_key, p, stream);
+  return p.state_k_first ? launch_planned<chunk_grad_kernel<KFirstSlice>>(k, context_key, p, stream)
+                         : launch_planned<chunk_grad_kernel<VFirstSlice>>(k, context_key, p, stream);
 }
 
 }  // namespace flash_kda::sm90::bwd
