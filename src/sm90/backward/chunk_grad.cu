@@ -130,22 +130,39 @@ __device__ __forceinline__ void copy_states(const Smem& m, const float* st, cons
   copy_slice(KFirstSlice{}, to + kSliceFloats, ds, s);
 }
 
-/// v and dO (into X and dO) of the chunk's `rows` tokens; zero past them.
-__device__ __forceinline__ void load_tokens(const BackwardParams& p, const Smem& m, int64_t tok0, int rows, int hv) {
-  const bool varlen = p.seqs.cu_seqlens != nullptr;
-  for (int e = threadIdx.x; e < kC * kHeadDim; e += kThreads) {
-    const int i = e / kHeadDim, c = e % kHeadDim;
-    float o = 0.f, v = 0.f;
-    if (i < rows) {
-      const int64_t tok = tok0 + i;
-      const int64_t ln = layout_seq(tok, p.seqs.seqlen, varlen);
-      o = load_f_at(p.d_out, p.d_out_rows.offset(ln, tok, hv) + int64_t(c) * (p.d_out_is_f32 ? 4 : 2), p.d_out_is_f32);
-      v = __bfloat162float(
-          reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(p.v) + p.v_rows.offset(ln, tok, hv))[c]);
-    }
-    m.dO[i * kRowLd + c] = o;
-    m.X[i * kRowLd + c] = v;
+/// v and dO (into X and dO) of the chunk's `rows` tokens, dO of type TO (float or bf16); zero
+/// past them. The rows past `rows` read the last token again (in bounds) and are zeroed after,
+/// so every load of a thread is issued, unconditionally, before its first use: a thread's 16
+/// loads are in flight at once. The chunk's tokens share one sequence, so its layout index is
+/// computed once.
+template <class TO>
+__device__ __forceinline__ void load_tokens_as(const BackwardParams& p, const Smem& m, int64_t tok0, int rows,
+                                               int hv) {
+  constexpr int kIters = kC * kHeadDim / kThreads;
+  const int64_t ln = layout_seq(tok0, p.seqs.seqlen, p.seqs.cu_seqlens != nullptr);
+  const int c = int(threadIdx.x) % kHeadDim, i0 = int(threadIdx.x) / kHeadDim;
+  TO o[kIters];
+  __nv_bfloat16 v[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = i0 + it * (kThreads / kHeadDim);
+    const int64_t tok = tok0 + (i < rows ? i : rows - 1);
+    o[it] = reinterpret_cast<const TO*>(static_cast<const char*>(p.d_out) + p.d_out_rows.offset(ln, tok, hv))[c];
+    v[it] = reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(p.v) + p.v_rows.offset(ln, tok, hv))[c];
   }
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = i0 + it * (kThreads / kHeadDim);
+    m.dO[i * kRowLd + c] = i < rows ? float(o[it]) : 0.f;
+    m.X[i * kRowLd + c] = i < rows ? __bfloat162float(v[it]) : 0.f;
+  }
+}
+
+__device__ __forceinline__ void load_tokens(const BackwardParams& p, const Smem& m, int64_t tok0, int rows, int hv) {
+  if (p.d_out_is_f32)
+    load_tokens_as<float>(p, m, tok0, rows, hv);
+  else
+    load_tokens_as<__nv_bfloat16>(p, m, tok0, rows, hv);
 }
 
 /// G (from the record) and q_hat, k_hat of the chunk's `rows` tokens (zero past them) into
