@@ -9,17 +9,18 @@
 //   X[:, sl] = v[:, sl] - kd S[:, sl]     dU[:, sl] = M^T dO[:, sl] + kr dS[:, sl]
 //   U[:, sl] = Tinv diag(b) X[:, sl]      dR[:, sl] = Tinv^T dU[:, sl]     dv = diag(b) dR
 // while the products that contract over V add up over the slices:
-//   dkd += dR S^T, dqd += dO S^T, dkr += U dS^T, dL += dR U^T, dM += dO U^T,
-//   rowsum(dS o S) and db's dR . X.
+//   dkd += -diag(b) dR S^T, dqd += dO S^T, dkr += U dS^T, dL += -dR U^T (strict lower),
+//   dM += dO U^T (lower), rowsum(dS o S) and db's dR . X.
 // So the block walks V in kSlices slices of kSliceV columns and holds only two K x kSliceV
 // slices of S and of dS (double-buffered: slice s + 1 lands by cp.async while slice s is
 // computed), 109,696 B of shared memory in all: two blocks fit an SM, so one block's loads and
 // barriers overlap the other's compute.
 //
 // Loads: kd, kr, A, M, Tinv, b and slice 0 (cp.async group), slice 1 (group), v and dO (plain
-// loads, converted); G, q_hat, k_hat (for phase 3) go by cp.async into slice 0's buffer while
-// the last slice is computed.
-// Per slice s (a block barrier before it, after which slice s + 1's copies are issued):
+// loads, converted); G, q_hat, k_hat (for the channel phase) go by cp.async into slice 0's
+// buffer while the last slice is computed.
+// Per slice s (a block barrier before it, after which slice s + 1's copies are issued; slices 0
+// and 1 go before the loop):
 //   A   warps 0-3 own slice columns 8w .. 8w + 7: X (3xTF32 mma, in place of v), then U (fp32,
 //       every token of the warp's columns is the warp's, so a warp barrier suffices); warps
 //       4-7 own columns 8(w - 4) ..: dU (mma), then dR and dv (fp32), and the slice's terms of
@@ -29,7 +30,7 @@
 //       dM (one 8-column n-tile each), warps 4-7 those of dR . X per token.
 // Every accumulator adds its slices in order and its lanes in a fixed tree: deterministic.
 // Then, after a barrier: dkd, dqd, dkr, dL, dM, the row sums and dR . X to shared memory; db
-// per token; then a thread per (key channel, pair parity) adds the pair terms of dq, dk, dG
+// per token; then the channel phase: a thread per (key channel, pair parity) adds the pair terms of dq, dk, dG
 // (E_ij = exp(G_i - G_j), once per pair), the parity-0 thread also the per-token terms; the two
 // halves meet through shared memory in a fixed order, and the parity-0 thread writes dq, dk and
 // da (the reverse cumulative sum of dG, with GC's own terms on the last token).
@@ -51,7 +52,7 @@ constexpr int kSlices = kHeadDim / kSliceV;
 constexpr int kBufFloats = 2 * kSliceFloats;  // a slice of S and of dS
 constexpr int kRowTile = kC * kRowLd;         // padded 16-row tiles
 constexpr int kSliceTile = kC * kSliceLd;     // padded 16-row slice tiles
-constexpr int kColTile = kC * kHeadDim;       // G, q, k and phase 3's partial sums
+constexpr int kColTile = kC * kHeadDim;       // G, q, k and the channel phase's sums
 constexpr int kSmemFloats = 2 * kBufFloats + 4 * kRowTile + 2 * kSliceTile + 5 * kC * kC + 2 * kC + kHeadDim;
 constexpr int kSmemBytes = kSmemFloats * 4;  // 109,696 B: two blocks per SM
 static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two blocks per SM (1 KB reserved per block)");
@@ -60,15 +61,15 @@ static_assert(kWarps == 8 && kSliceV == 32, "warps 0-3 and 4-7 each own the slic
 static_assert(kWarps * 16 == kHeadDim, "a warp per 16 key columns");
 
 /// Shared-memory tiles of one block (floats). After the slices, kd, kr and X hold dkd, dkr and
-/// dqd; buffer 0 holds G, q, k (copied during the last slice) and buffer 1 phase 3's parity-1
-/// sums.
+/// dqd; buffer 0 holds G, q, k (copied during the last slice) and buffer 1 the channel phase's
+/// parity-1 sums.
 struct Smem {
-  float* buf;              // two buffers of kBufFloats: a slice of S, then of dS
-                           // (chunk_grad_products.cuh's slice layouts)
-  float *kd, *kr, *dO, *X;  // [16][kRowLd]; X holds v first
-  float *U, *dR;          // [16][kSliceLd], the current slice; dR holds dU first
+  float* buf;                     // two buffers of kBufFloats: a slice of S, then of dS
+                                  // (chunk_grad_products.cuh's slice layouts)
+  float *kd, *kr, *dO, *X;        // [16][kRowLd]; X holds v first
+  float *U, *dR;                  // [16][kSliceLd], the current slice; dR holds dU first
   float *A, *M, *Tinv, *dL, *dM;  // [16][16]
-  float *b, *db, *rowsum;  // [16], [16] (sum_v dR X), [K]
+  float *b, *db, *rowsum;         // [16], [16] (sum_v dR X), [K]
 };
 
 __device__ __forceinline__ Smem carve(float* s) {
@@ -362,7 +363,7 @@ __device__ __forceinline__ void channel_terms(const Smem& m, float scale, const 
   }
 }
 
-/// Phase 3 (after grad_beta, the barrier after store_sums): dq_hat, dk_hat, da of the chunk's
+/// The channel phase (after store_sums and a barrier): dq_hat, dk_hat, da of the chunk's
 /// `rows` tokens on key channel threadIdx.x % 128 (see the header). G, q, k are the [16][K]
 /// tiles at buffer 0, whose fourth tile takes the parity-0 dq; the parity-1 sums meet the
 /// parity-0 ones through buffer 1.
