@@ -44,6 +44,10 @@ struct EmuWarp {
     return f;
   }
   float round(float x) const { return tf32 ? bwd::tf32_round_host(x) : x; }
+  void add(C& c, const C& x) const {
+    for (int lane = 0; lane < 32; ++lane)
+      for (int r = 0; r < 4; ++r) c[lane].x[r] += x[lane].x[r];
+  }
   /// The PTX m16n8k8 .tf32 fragment table: a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4],
   /// a3 = A[g+8][t+4]; b0 = B[t][g], b1 = B[t+4][g]; c0 = C[g][2t], c1 = C[g][2t+1],
   /// c2 = C[g+8][2t], c3 = C[g+8][2t+1]. fp32 accumulation in the order of k.

@@ -72,33 +72,42 @@ struct VFirstSlice {
   static FKDA_HOST_DEVICE int off(int c, int v) { return v * kGradDim + (c ^ state_swizzle(v)); }
 };
 
-/// acc += kd S for slice columns nb .. nb + 7 of the 16 x kSliceV result (3xTF32).
+/// acc += kd S for slice columns nb .. nb + 7 of the 16 x kSliceV result (3xTF32). The even
+/// and odd steps of k go to two accumulators, met at the end: two dependent chains of mma
+/// instead of one.
 template <class L, class W>
 FKDA_HOST_DEVICE void product_residual(const W& w, typename W::C& acc, int nb, const float* kd, const float* S) {
+  typename W::C part[2] = {};
   FKDA_BWD_UNROLL
   for (int k0 = 0; k0 < kGradDim; k0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return kd[r * kRowLd + k0 + k]; });
     const typename W::B b = w.load_b([&](int k, int n) { return S[L::off(k0 + k, nb + n)]; });
-    w.mma_split(acc, a, b);
+    w.mma_split(part[(k0 / 8) & 1], a, b);
   }
+  w.add(part[0], part[1]);
+  w.add(acc, part[0]);
 }
 
 /// acc += M^T dO + kr dS for slice columns nb .. nb + 7 of the 16 x kSliceV result; dO points
-/// at the slice's first column of the dO tile, dS at the k-first slice.
+/// at the slice's first column of the dO tile, dS at the k-first slice. Two accumulators as in
+/// product_residual (M^T dO and kr dS's even steps, kr dS's odd steps).
 template <class W>
 FKDA_HOST_DEVICE void product_dU(const W& w, typename W::C& acc, int nb, const float* M, const float* dO,
                                  const float* kr, const float* dS) {
+  typename W::C part[2] = {};
   for (int j0 = 0; j0 < kC; j0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return M[(j0 + k) * kC + r]; });
     const typename W::B b = w.load_b([&](int k, int n) { return dO[(j0 + k) * kRowLd + nb + n]; });
-    w.mma(acc, a, b);
+    w.mma(part[0], a, b);
   }
   FKDA_BWD_UNROLL
   for (int k0 = 0; k0 < kGradDim; k0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return kr[r * kRowLd + k0 + k]; });
     const typename W::B b = w.load_b([&](int k, int n) { return dS[KFirstSlice::off(k0 + k, nb + n)]; });
-    w.mma(acc, a, b);
+    w.mma(part[(k0 / 8) & 1], a, b);
   }
+  w.add(part[0], part[1]);
+  w.add(acc, part[0]);
 }
 
 /// dkd[nt] += dR S^T, dqd[nt] += dO S^T, dkr[nt] += U dS^T for key columns n0 + 8 nt .. + 7 of

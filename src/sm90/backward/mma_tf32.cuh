@@ -84,6 +84,11 @@ struct DeviceWarp {
     for (int r = 0; r < 2; ++r) f.x[r] = at(frag_b_row(lane, r), frag_b_col(lane));
     return f;
   }
+  /// c += x, lane by lane.
+  __device__ __forceinline__ void add(C& c, const C& x) const {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) c.x[r] += x.x[r];
+  }
   /// c += a b with a and b rounded to tf32.
   __device__ __forceinline__ void mma(C& c, const A& a, const B& b) const {
     const uint32_t ua[4] = {ptx::tf32(a.x[0]), ptx::tf32(a.x[1]), ptx::tf32(a.x[2]), ptx::tf32(a.x[3])};
