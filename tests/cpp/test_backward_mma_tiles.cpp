@@ -116,10 +116,10 @@ struct Tiles {
   static constexpr int kSlices = D / bwd::kSliceV;
   std::vector<float> Sk[kSlices], Sv[kSlices], dS[kSlices];  // slice layouts
   std::vector<float> U[kSlices], dR[kSlices];                // [16][kSliceLd]
-  std::vector<float> kd, kr, dO;                             // [16][kRowLd]
-  std::vector<float> M;                                      // [16][16]
+  std::vector<float> kd, kr, dO, X;                          // [16][kRowLd]
+  std::vector<float> M, Tinv, b;                             // [16][16] (Tinv unit lower), [16]
   std::vector<double> Sd, dSd;                               // dense [K][V]
-  std::vector<double> kdd, krd, dOd, Ud, dRd;                // dense [16][128]
+  std::vector<double> kdd, krd, dOd, Xd, Ud, dRd;            // dense [16][128]
 
   explicit Tiles(uint64_t seed) {
     std::mt19937_64 rng(seed);
@@ -164,10 +164,16 @@ struct Tiles {
     rows(kd, kdd);
     rows(kr, krd);
     rows(dO, dOd);
+    rows(X, Xd);
     slice_rows(U, Ud);
     slice_rows(dR, dRd);
     M.resize(C * C);
     for (auto& x : M) x = nd(rng);
+    Tinv.resize(C * C);
+    for (int i = 0; i < C; ++i)
+      for (int j = 0; j < C; ++j) Tinv[i * C + j] = j < i ? nd(rng) : j == i ? 1.f : 0.f;
+    b.resize(C);
+    for (auto& x : b) x = nd(rng);
   }
   /// S's slice s in layout L.
   template <class L>
@@ -277,13 +283,25 @@ template <class L>
 void expect_products_match() {
   const Tiles t(11);
   const EmuWarp w;  // fp32 operands: only the index arithmetic is under test
-  MaxErr eX, eU, eKd, eQd, eKr, eL, eM;
+  MaxErr eX, eU, eSolveU, eSolveR, eKd, eQd, eKr, eL, eM;
   for (int s = 0; s < Tiles::kSlices; ++s)
     for (int nb = 0; nb < bwd::kSliceV; nb += 8) {
       const int v0 = bwd::kSliceV * s;
-      EmuWarp::C x = {}, du = {};
+      EmuWarp::C x = {}, du = {}, u = {}, dr = {};
       bwd::product_residual<L>(w, x, nb, t.kd.data(), t.S<L>(s));
       bwd::product_dU(w, du, nb, t.M.data(), t.dO.data() + v0, t.kr.data(), t.dS[s].data());
+      bwd::product_solve_U(w, u, nb, t.Tinv.data(), t.b.data(), t.X.data() + v0);
+      bwd::product_solve_dR(w, dr, nb, t.Tinv.data(), t.dR[s].data());  // the dR tiles as dU
+      for_each_result(u, v0 + nb, [&](int i, int v, float got) {
+        double want = 0;
+        for (int j = 0; j <= i; ++j) want += double(t.Tinv[i * C + j]) * t.b[j] * t.Xd[j * D + v];
+        eSolveU.add(got, want);
+      });
+      for_each_result(dr, v0 + nb, [&](int i, int v, float got) {
+        double want = 0;
+        for (int j = i; j < C; ++j) want += double(t.Tinv[j * C + i]) * t.dRd[j * D + v];
+        eSolveR.add(got, want);
+      });
       for_each_result(x, v0 + nb, [&](int i, int v, float got) {
         double want = 0;
         for (int c = 0; c < D; ++c) want += t.kdd[i * D + c] * t.Sd[c * D + v];
@@ -322,7 +340,7 @@ void expect_products_match() {
         (which == 0 ? eL : eM).add(got, want);
       });
     }
-  for (const MaxErr* e : {&eX, &eU, &eKd, &eQd, &eKr, &eL, &eM}) EXPECT_LE(e->rel(), 1e-5);
+  for (const MaxErr* e : {&eX, &eU, &eSolveU, &eSolveR, &eKd, &eQd, &eKr, &eL, &eM}) EXPECT_LE(e->rel(), 1e-5);
 }
 
 TEST(BackwardMmaTiles, ProductsMatchNaiveProducts) {
@@ -345,6 +363,34 @@ TEST(BackwardMmaTiles, Tf32RoundingCostsAboutItsUnitRoundoff) {
   }
   EXPECT_LE(e.rel(), 2e-3);  // tf32's unit roundoff is 2^-11 ~ 4.9e-4
   EXPECT_GE(e.rel(), 1e-5);  // the rounding is really applied
+}
+
+// U = Tinv diag(b) X and dR = Tinv^T dU in 3xTF32 keep about fp32's accuracy (plain tf32 would
+// cost about 4.9e-4).
+TEST(BackwardMmaTiles, SolvesKeepFp32Accuracy) {
+  const Tiles t(14);
+  EmuWarp w;
+  w.tf32 = true;
+  MaxErr eU, eR;
+  for (int s = 0; s < Tiles::kSlices; ++s)
+    for (int nb = 0; nb < bwd::kSliceV; nb += 8) {
+      const int v0 = bwd::kSliceV * s;
+      EmuWarp::C u = {}, dr = {};
+      bwd::product_solve_U(w, u, nb, t.Tinv.data(), t.b.data(), t.X.data() + v0);
+      bwd::product_solve_dR(w, dr, nb, t.Tinv.data(), t.dR[s].data());
+      for_each_result(u, v0 + nb, [&](int i, int v, float got) {
+        double want = 0;
+        for (int j = 0; j <= i; ++j) want += double(t.Tinv[i * C + j]) * t.b[j] * t.Xd[j * D + v];
+        eU.add(got, want);
+      });
+      for_each_result(dr, v0 + nb, [&](int i, int v, float got) {
+        double want = 0;
+        for (int j = i; j < C; ++j) want += double(t.Tinv[j * C + i]) * t.dRd[j * D + v];
+        eR.add(got, want);
+      });
+    }
+  EXPECT_LE(eU.rel(), 1e-5);
+  EXPECT_LE(eR.rel(), 1e-5);
 }
 
 // X = v - kd S where the state already predicts v up to 1%: plain tf32 would lose about

@@ -21,10 +21,10 @@
 // buffer while the last slice is computed.
 // Per slice s (a block barrier before it, after which slice s + 1's copies are issued; slices 0
 // and 1 go before the loop):
-//   A   warps 0-3 own slice columns 8w .. 8w + 7: X (3xTF32 mma, in place of v), then U (fp32,
-//       every token of the warp's columns is the warp's, so a warp barrier suffices); warps
-//       4-7 own columns 8(w - 4) ..: dU (mma), then dR and dv (fp32), and the slice's terms of
-//       the row sums of dS o S (grad_decay's state term).
+//   A   warps 0-3 own slice columns 8w .. 8w + 7: X (3xTF32 mma, in place of v), then U (3xTF32
+//       mma; every token of the warp's columns is the warp's, so a warp barrier suffices);
+//       warps 4-7 own columns 8(w - 4) ..: dU (mma), then dR (3xTF32 mma) and dv, and the
+//       slice's terms of the row sums of dS o S (grad_decay's state term).
 //   B   (after a block barrier) warp w adds the slice's terms of dkd, dqd, dkr on key columns
 //       16w .. 16w + 15 (mma, accumulators in registers across slices); warps 0-3 those of dL,
 //       dM (one 8-column n-tile each), warps 4-7 those of dR . X per token.
@@ -193,33 +193,25 @@ __device__ __forceinline__ void slice_values(const BackwardParams& p, const Smem
   const int lane = int(threadIdx.x & 31), nb = 8 * (w & 3), v0 = kSliceV * s;
   FragC acc = {};
   if (w < 4) {
-    // X = v - kd S, then U_i = sum_{j<=i} Tinv_ij b_j X_j on this lane's accumulator positions.
+    // X = v - kd S, then U = Tinv diag(b) X on the warp's columns.
     product_residual<L>(warp, acc, nb, m.kd, S);
 #pragma unroll
     for (int r = 0; r < 4; ++r) m.X[frag_c_row(lane, r) * kRowLd + v0 + nb + frag_c_col(lane, r)] -= acc.x[r];
     __syncwarp();
+    FragC u = {};
+    product_solve_U(warp, u, nb, m.Tinv, m.b, m.X + v0);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = frag_c_row(lane, r), v = nb + frag_c_col(lane, r);
-      float u = 0.f;
-      for (int j = 0; j <= i; ++j) u += m.Tinv[i * kC + j] * m.b[j] * m.X[j * kRowLd + v0 + v];
-      m.U[i * kSliceLd + v] = u;
-    }
+    for (int r = 0; r < 4; ++r) m.U[frag_c_row(lane, r) * kSliceLd + nb + frag_c_col(lane, r)] = u.x[r];
     return;
   }
-  // dU = M^T dO + kr dS, then dR_i = sum_{j>=i} Tinv_ji dU_j (in place) and dv = diag(b) dR.
+  // dU = M^T dO + kr dS, then dR = Tinv^T dU (in place) and dv = diag(b) dR.
   product_dU(warp, acc, nb, m.M, m.dO + v0, m.kr, dS);
 #pragma unroll
   for (int r = 0; r < 4; ++r) m.dR[frag_c_row(lane, r) * kSliceLd + nb + frag_c_col(lane, r)] = acc.x[r];
   __syncwarp();
-  float dr[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int i = frag_c_row(lane, r), v = nb + frag_c_col(lane, r);
-    float d = 0.f;
-    for (int j = i; j < kC; ++j) d += m.Tinv[j * kC + i] * m.dR[j * kSliceLd + v];
-    dr[r] = d;
-  }
+  FragC d = {};
+  product_solve_dR(warp, d, nb, m.Tinv, m.dR);
+  const float(&dr)[4] = d.x;
   __syncwarp();
   __nv_bfloat16* dv = static_cast<__nv_bfloat16*>(p.dv);
 #pragma unroll

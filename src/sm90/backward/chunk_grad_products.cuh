@@ -11,6 +11,7 @@
 //   X  = v - kd S        (a slice's columns; kd S in 3xTF32, since X is a difference of like
 //                         magnitudes; contraction over K)
 //   dU = M^T dO + kr dS  (a slice's columns; contraction over the 16 tokens, then K)
+//   U = Tinv diag(b) X, dR = Tinv^T dU   (a slice's columns, 3xTF32; over the 16 tokens)
 //   dkd += dR S^T, dqd += dO S^T, dkr += U dS^T   (16 key columns per warp; contraction over
 //                         the slice's value columns, one pass over S's and dS's fragments)
 //   dR U^T, dO U^T       (16 x 16, one n-tile of 8 per warp; contraction over the slice)
@@ -108,6 +109,31 @@ FKDA_HOST_DEVICE void product_dU(const W& w, typename W::C& acc, int nb, const f
   }
   w.add(part[0], part[1]);
   w.add(acc, part[0]);
+}
+
+/// acc += Tinv diag(b) X for slice columns nb .. nb + 7 of the 16 x kSliceV result (U; 3xTF32,
+/// so that U keeps X's fp32 accuracy); X points at the slice's first column of the X tile. Tinv
+/// is unit lower triangular with zeros above the diagonal (records.h), so the product over all
+/// 16 tokens is the triangular one.
+template <class W>
+FKDA_HOST_DEVICE void product_solve_U(const W& w, typename W::C& acc, int nb, const float* Tinv, const float* b,
+                                      const float* X) {
+  for (int j0 = 0; j0 < kC; j0 += 8) {
+    const typename W::A a = w.load_a([&](int r, int k) { return Tinv[r * kC + j0 + k]; });
+    const typename W::B x = w.load_b([&](int k, int n) { return b[j0 + k] * X[(j0 + k) * kRowLd + nb + n]; });
+    w.mma_split(acc, a, x);
+  }
+}
+
+/// acc += Tinv^T dU for slice columns nb .. nb + 7 of the 16 x kSliceV result (dR; 3xTF32);
+/// dU is a slice row tile.
+template <class W>
+FKDA_HOST_DEVICE void product_solve_dR(const W& w, typename W::C& acc, int nb, const float* Tinv, const float* dU) {
+  for (int j0 = 0; j0 < kC; j0 += 8) {
+    const typename W::A a = w.load_a([&](int r, int k) { return Tinv[(j0 + k) * kC + r]; });
+    const typename W::B d = w.load_b([&](int k, int n) { return dU[(j0 + k) * kSliceLd + nb + n]; });
+    w.mma_split(acc, a, d);
+  }
 }
 
 /// dkd[nt] += dR S^T, dqd[nt] += dO S^T, dkr[nt] += U dS^T for key columns n0 + 8 nt .. + 7 of
