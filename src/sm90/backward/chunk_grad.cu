@@ -95,10 +95,18 @@ __device__ __forceinline__ Smem carve(float* s) {
 /// The buffer of slice s (S's slice, then dS's).
 __device__ __forceinline__ float* slice_buf(const Smem& m, int s) { return m.buf + (s & 1) * kBufFloats; }
 
-/// `rows` x 128 floats at src (row stride 128) into a shared tile of row stride ld, by cp.async.
-__device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, int rows) {
-  for (int e = threadIdx.x; e < rows * (kHeadDim / 4); e += kThreads) {
-    const int r = e / (kHeadDim / 4), c = (e % (kHeadDim / 4)) * 4;
+// The copies below give each thread kThreads-strided 16-byte pieces in loops of compile-time
+// length: a thread's pieces then differ by constants (the swizzles depend only on index bits
+// that stay fixed), so each copy is little more than its cp.async.
+
+/// 16 x 128 floats at src (row stride 128) into a shared tile of row stride ld, by cp.async.
+__device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src) {
+  constexpr int kPieces = kHeadDim / 4;
+  static_assert(kC * kPieces % kThreads == 0, "whole rounds of pieces");
+  const int t = int(threadIdx.x), c = (t % kPieces) * 4;
+#pragma unroll
+  for (int it = 0; it < kC * kPieces / kThreads; ++it) {
+    const int r = t / kPieces + it * (kThreads / kPieces);
     ptx::cp_async_16(dst + r * ld + c, src + r * kHeadDim + c);
   }
 }
@@ -107,8 +115,11 @@ __device__ __forceinline__ void copy_rows(float* dst, int ld, const float* src, 
 /// slice tile, by cp.async: each key row's slice is 128 contiguous bytes.
 __device__ __forceinline__ void copy_slice(KFirstSlice, float* dst, const float* src, int s) {
   constexpr int kPieces = kSliceV / 4;
-  for (int e = threadIdx.x; e < kHeadDim * kPieces; e += kThreads) {
-    const int c = e / kPieces, v = (e % kPieces) * 4;
+  static_assert(kHeadDim * kPieces % kThreads == 0 && (kThreads / kPieces) % 8 == 0, "fixed swizzle per thread");
+  const int t = int(threadIdx.x), v = (t % kPieces) * 4;
+#pragma unroll
+  for (int it = 0; it < kHeadDim * kPieces / kThreads; ++it) {
+    const int c = t / kPieces + it * (kThreads / kPieces);
     ptx::cp_async_16(dst + KFirstSlice::off(c, v), src + c * kHeadDim + kSliceV * s + v);
   }
 }
@@ -117,8 +128,11 @@ __device__ __forceinline__ void copy_slice(KFirstSlice, float* dst, const float*
 /// slice is kSliceV contiguous rows.
 __device__ __forceinline__ void copy_slice(VFirstSlice, float* dst, const float* src, int s) {
   constexpr int kPieces = kHeadDim / 4;
-  for (int e = threadIdx.x; e < kSliceV * kPieces; e += kThreads) {
-    const int v = e / kPieces, c = (e % kPieces) * 4;
+  static_assert(kSliceV * kPieces % kThreads == 0 && (kThreads / kPieces) % 8 == 0, "fixed swizzle per thread");
+  const int t = int(threadIdx.x), c = (t % kPieces) * 4;
+#pragma unroll
+  for (int it = 0; it < kSliceV * kPieces / kThreads; ++it) {
+    const int v = t / kPieces + it * (kThreads / kPieces);
     ptx::cp_async_16(dst + VFirstSlice::off(c, v), src + (kSliceV * s + v) * kHeadDim + c);
   }
 }
@@ -171,10 +185,13 @@ __device__ __forceinline__ void load_tokens(const BackwardParams& p, const Smem&
 __device__ __forceinline__ void copy_channels(const BackwardParams& p, float* dst, const float* rec, int64_t tok0,
                                               int rows, int hv) {
   const int h = hv / p.group;
-  copy_rows(dst, kHeadDim, rec + RecordField::G, kC);
+  copy_rows(dst, kHeadDim, rec + RecordField::G);
   constexpr int kPieces = kHeadDim / 4;
-  for (int e = threadIdx.x; e < 2 * kC * kPieces; e += kThreads) {
-    const int which = e / (kC * kPieces), i = (e / kPieces) % kC, c = (e % kPieces) * 4;
+  static_assert(kC * kPieces % kThreads == 0, "whole rounds of pieces");
+  const int t = int(threadIdx.x), c = (t % kPieces) * 4;
+#pragma unroll
+  for (int it = 0; it < 2 * kC * kPieces / kThreads; ++it) {
+    const int e = t + it * kThreads, which = e / (kC * kPieces), i = (e / kPieces) % kC;
     float* to = dst + (1 + which) * kColTile + i * kHeadDim + c;
     if (i < rows)
       ptx::cp_async_16(to, (which == 0 ? p.q_hat : p.k_hat) + ((tok0 + i) * p.heads + h) * kHeadDim + c);
@@ -412,8 +429,8 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_grad_kernel(BackwardParams 
   const float* rec = p.records + (slot * p.value_heads + hv) * int64_t(kRecordFloats);
 
   // Group 0: the record's tiles and slice 0; group 1: slice 1; then the plain loads of v, dO.
-  copy_rows(m.kd, kRowLd, rec + RecordField::kd, kC);
-  copy_rows(m.kr, kRowLd, rec + RecordField::kr, kC);
+  copy_rows(m.kd, kRowLd, rec + RecordField::kd);
+  copy_rows(m.kr, kRowLd, rec + RecordField::kr);
   for (int e = threadIdx.x; e < kC * kC / 4; e += kThreads) {
     ptx::cp_async_16(m.A + 4 * e, rec + RecordField::A + 4 * e);
     ptx::cp_async_16(m.M + 4 * e, rec + RecordField::M + 4 * e);
