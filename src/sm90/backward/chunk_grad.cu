@@ -148,22 +148,24 @@ __device__ __forceinline__ void copy_states(const Smem& m, const float* st, cons
 /// v and dO (into X and dO) of the chunk's `rows` tokens, dO of type TO (float or bf16); zero
 /// past them. The rows past `rows` read the last token again (in bounds) and are zeroed after,
 /// so every load of a thread is issued, unconditionally, before its first use: a thread's 16
-/// loads are in flight at once. The chunk's tokens share one sequence, so its layout index is
-/// computed once.
+/// loads are in flight at once.
 template <class TO>
 __device__ __forceinline__ void load_tokens_as(const BackwardParams& p, const Smem& m, int64_t tok0, int rows,
                                                int hv) {
   constexpr int kIters = kC * kHeadDim / kThreads;
   const int64_t ln = layout_seq(tok0, p.seqs.seqlen, p.seqs.cu_seqlens != nullptr);
   const int c = int(threadIdx.x) % kHeadDim, i0 = int(threadIdx.x) / kHeadDim;
+  // The chunk's tokens are consecutive tokens of one sequence: row i is token_stride bytes on.
+  const char* o_row0 = static_cast<const char*>(p.d_out) + p.d_out_rows.offset(ln, tok0, hv);
+  const char* v_row0 = static_cast<const char*>(p.v) + p.v_rows.offset(ln, tok0, hv);
   TO o[kIters];
   __nv_bfloat16 v[kIters];
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     const int i = i0 + it * (kThreads / kHeadDim);
-    const int64_t tok = tok0 + (i < rows ? i : rows - 1);
-    o[it] = reinterpret_cast<const TO*>(static_cast<const char*>(p.d_out) + p.d_out_rows.offset(ln, tok, hv))[c];
-    v[it] = reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(p.v) + p.v_rows.offset(ln, tok, hv))[c];
+    const int64_t r = i < rows ? i : rows - 1;
+    o[it] = reinterpret_cast<const TO*>(o_row0 + r * p.d_out_rows.token_stride)[c];
+    v[it] = reinterpret_cast<const __nv_bfloat16*>(v_row0 + r * p.v_rows.token_stride)[c];
   }
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
