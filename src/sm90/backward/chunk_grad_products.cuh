@@ -30,7 +30,10 @@
 //     [16][kSliceLd], kSliceLd = 36: either way A fragments (lanes vary the row by g, the
 //     column by t: banks 4g + t) and U read as B of dR U^T avoid conflicts; rows stay 16-byte
 //     aligned.
-//   16 x 16 matrices (M): [16][16].
+//   16 x 16 matrices (M, Tinv): [16][16].
+//   The contractions over the 16 tokens (M^T dO, Tinv diag(b) X, Tinv^T dU) read their
+//   fragments down the token rows of these tiles (banks 4t + g, or 16t + g of [16][16]), two
+//   lanes a bank; they are two steps of k against the sixteen of the contractions over K.
 #pragma once
 
 #include "sm90/backward/chunk_algebra.cuh"
