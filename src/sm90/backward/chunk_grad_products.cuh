@@ -32,8 +32,9 @@
 //     aligned.
 //   16 x 16 matrices (M, Tinv): [16][16].
 //   The contractions over the 16 tokens (M^T dO, Tinv diag(b) X, Tinv^T dU) read their
-//   fragments down the token rows of these tiles (banks 4t + g, or 16t + g of [16][16]), two
-//   lanes a bank; they are two steps of k against the sixteen of the contractions over K.
+//   fragments down the token rows of these tiles (banks 4t + g; 16t + g or 16g + t of the
+//   16 x 16 ones), two lanes a bank; they are two steps of k against the sixteen of the
+//   contractions over K.
 #pragma once
 
 #include "sm90/backward/chunk_algebra.cuh"
