@@ -44,6 +44,14 @@ struct FragC {
   float x[4];
 };
 
+/// An accumulator tile (16 x 8) as the A operand (16 x 8) of a further product, with no data
+/// movement: the lane's c0, c1, c2, c3 (rows g, g + 8; columns 2t, 2t + 1) become a0, a2, a1,
+/// a3 (rows g, g + 8; k = t, t + 4), so A's k is the accumulator's column kperm(k). A sum over
+/// k is a sum over the columns in that order: the B operand's k rows are read permuted alike.
+FKDA_HOST_DEVICE FragA frag_a_of_c(const FragC& c) { return FragA{{c.x[0], c.x[2], c.x[1], c.x[3]}}; }
+/// The accumulator column that A's k (0..7) is in frag_a_of_c.
+FKDA_HOST_DEVICE int frag_kperm(int k) { return k < 4 ? 2 * k : 2 * (k - 4) + 1; }
+
 /// x rounded to tf32 (10 mantissa bits) to nearest, ties away from zero (ptx::tf32 rounds ties to
 /// even: the two differ only on exact ties), for finite x: the host form of the device conversion.
 inline float tf32_round_host(float x) {
@@ -80,6 +88,13 @@ struct DeviceWarp {
 #pragma unroll
     for (int r = 0; r < 2; ++r) f.x[r] = at(frag_b_row(lane, r), frag_b_col(lane));
     return f;
+  }
+  /// The accumulator tile c as an A operand (frag_a_of_c).
+  __device__ __forceinline__ A a_of_c(const C& c) const { return frag_a_of_c(c); }
+  /// c += x where `on`, else c unchanged.
+  __device__ __forceinline__ void add_c_if(C& c, const C& x, bool on) const {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) c.x[r] += on ? x.x[r] : 0.f;
   }
   /// c += a b with a and b rounded to tf32.
   __device__ __forceinline__ void mma(C& c, const A& a, const B& b) const {
