@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -141,6 +142,43 @@ TEST(WarpEmu, MisalignedGlobalAccessesFail) {
   EXPECT_EQ(back.y, 2u);
   EXPECT_EQ(back.z, 3u);
   EXPECT_EQ(back.w, 4u);
+}
+
+TEST(WarpEmu, StaticSharedIsOneCopyPerBlockStartingAsNaN) {
+  // Thread 0 writes, the others read after the barrier; every block first sees NaN.
+  std::vector<float> seen(64, 0.f), before(2, 0.f);
+  EXPECT_EQ(grid_error(
+                32,
+                [&] {
+                  __shared__ float x[4];
+                  if (threadIdx.x == 0) {
+                    before[blockIdx.x] = x[3];
+                    x[3] = float(blockIdx.x + 1);
+                  }
+                  __syncthreads();
+                  seen[blockIdx.x * 32 + threadIdx.x] = x[3];
+                },
+                2),
+            "");
+  for (unsigned b = 0; b < 2; ++b) EXPECT_TRUE(std::isnan(before[b])) << "block " << b;
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(seen[size_t(t)], float(t / 32 + 1)) << "thread " << t;
+}
+
+TEST(WarpEmu, GatherGivesEveryLaneAllValues) {
+  std::vector<int> sum(64, 0), last(64, 0);
+  EXPECT_EQ(grid_error(64, [&] {
+              const int mine[2] = {int(threadIdx.x), 1000};
+              int all[32][2];
+              flash_kda::emu::gather(mine, sizeof mine, all, {__FILE__, __LINE__});
+              for (int l = 0; l < 32; ++l) sum[threadIdx.x] += all[l][0] + all[l][1];
+              last[threadIdx.x] = all[31][0];
+            }),
+            "");
+  for (int t = 0; t < 64; ++t) {
+    const int base = t / 32 * 32;
+    EXPECT_EQ(sum[size_t(t)], 32 * base + 31 * 32 / 2 + 32 * 1000) << "thread " << t;
+    EXPECT_EQ(last[size_t(t)], base + 31) << "thread " << t;
+  }
 }
 
 }  // namespace

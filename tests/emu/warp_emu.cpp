@@ -132,6 +132,10 @@ struct Fiber {
   Wait wait = Wait::Run;
   uint64_t send = 0, result = 0;
   int src = 0;
+  // A gather (src unused): `gather_bytes` posted at `send_at`, every lane's received at `receive_at`.
+  const void* send_at = nullptr;
+  void* receive_at = nullptr;
+  size_t gather_bytes = 0;
   Site site;  // of the shuffle it waits at
   Coord coord;
 };
@@ -148,6 +152,11 @@ struct Block {
   std::vector<char> smem;
   std::string error;
 };
+
+// The kernels' static __shared__ variables (warp_emu.h places them in this section); the
+// linker defines the bounds when the section exists (weak: null when no kernel has any).
+extern "C" char __start_flash_kda_emu_shared[] __attribute__((weak));
+extern "C" char __stop_flash_kda_emu_shared[] __attribute__((weak));
 
 Block* g_block = nullptr;
 Fiber* g_fiber = nullptr;
@@ -291,7 +300,15 @@ void settle_warp(Block& b, size_t first, size_t count) {
   }
   for (size_t i = first; i < first + count; ++i) {
     Fiber& f = b.fibers[i];
-    if (f.wait == Wait::Shuffle) {
+    if (f.wait == Wait::Shuffle && f.receive_at != nullptr) {
+      // A gather: every lane's posted bytes, in lane order (the lanes wait, so their stacks hold them).
+      for (size_t j = 0; j < count; ++j) {
+        const Fiber& from = b.fibers[first + j];
+        if (from.receive_at == nullptr || from.gather_bytes != f.gather_bytes)
+          throw std::runtime_error(warp + ": lanes at different kinds of exchange at one site");
+        std::memcpy(static_cast<char*>(f.receive_at) + j * f.gather_bytes, from.send_at, f.gather_bytes);
+      }
+    } else if (f.wait == Wait::Shuffle) {
       if (size_t(f.src) >= count) throw std::runtime_error(warp + ": shuffle from a lane the warp does not have");
       f.result = b.fibers[first + size_t(f.src)].send;
     }
@@ -323,6 +340,8 @@ void run_block(Block& b, const uint3& block_idx, const dim3& grid, const dim3& b
     start_context(f.ctx, f.stack->base(), kStackBytes);
   }
   std::fill(b.smem.begin(), b.smem.end(), char(0xff));
+  if (__start_flash_kda_emu_shared != nullptr)
+    std::fill(__start_flash_kda_emu_shared, __stop_flash_kda_emu_shared, char(0xff));
   // However the block ends, what it wrote on the stacks is found, so that the next block
   // (of this grid or another) gets them refilled.
   struct Measure {
@@ -368,10 +387,20 @@ const Coord& coord() {
 uint64_t shuffle(uint64_t bits, int src, Site site) {
   g_fiber->send = bits;
   g_fiber->src = src;
+  g_fiber->receive_at = nullptr;
   g_fiber->site = site;
   g_fiber->wait = Wait::Shuffle;
   yield();
   return g_fiber->result;
+}
+
+void gather(const void* mine, size_t bytes, void* all, Site site) {
+  g_fiber->send_at = mine;
+  g_fiber->receive_at = all;
+  g_fiber->gather_bytes = bytes;
+  g_fiber->site = site;
+  g_fiber->wait = Wait::Shuffle;
+  yield();
 }
 
 void sync_warp() {

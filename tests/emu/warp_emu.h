@@ -19,6 +19,8 @@
 // floats) and so does each thread's stack at the start of every block, so that a read before a
 // write gives NaN rather than a stale or zero value. A stack overflow faults at an unmapped
 // guard page below each stack and ends the process with a message.
+// Static __shared__ variables are one process-wide copy each, refilled like the dynamic shared
+// memory at every block's start.
 // What it does not model: memory ordering, timing, partial-warp masks (a mask other than all
 // lanes is an error), inline PTX (the kernels' ptx.cuh and launch_config.h are replaced by
 // tests/emu/shadow).
@@ -57,6 +59,11 @@ struct Site {
 /// lane index within 0..31), from the call at `site`. Blocks until every lane of the warp has
 /// posted; fails the grid when the lanes posted from different sites.
 uint64_t shuffle(uint64_t bits, int src, Site site);
+/// All-gather within the warp, one warp-wide step with a shuffle's checks: every lane posts
+/// `bytes` at `mine` and receives every lane's, in lane order, at `all` (lanes x bytes), from
+/// the call at `site`. Stands in for exchanges the GPU does in hardware (a tensor-core mma's
+/// fragments), which per-register shuffles would make ~200 times slower to model.
+void gather(const void* mine, size_t bytes, void* all, Site site);
 /// __syncwarp(): waits for every lane of the warp.
 void sync_warp();
 /// __syncthreads(): waits for every thread of the block that has not exited.
@@ -105,6 +112,10 @@ T shuffle_value(unsigned mask, T v, int src, Site site) {
 #define __device__
 #undef __host__
 #define __host__
+// A static __shared__ variable: one copy for the process (blocks run one after another), in a
+// section of its own that run_grid fills with 0xff bytes (NaN as floats) at every block's start.
+#undef __shared__
+#define __shared__ static __attribute__((section("flash_kda_emu_shared")))
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #undef threadIdx

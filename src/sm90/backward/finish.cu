@@ -11,6 +11,7 @@
 #include "sm90/backward/kernels.h"
 #include "sm90/backward/layout.h"
 #include "sm90/common/bf16.cuh"
+#include "sm90/common/launch_config.h"
 #include "sm90/common/record.h"
 
 namespace flash_kda::sm90::bwd {
@@ -35,12 +36,13 @@ __device__ void finish_key(const BackwardParams& p, const void* x, const RowLayo
   static_cast<__nv_bfloat16*>(out)[(tok * p.heads + h) * kHeadDim + c] = __float2bfloat16_rn(dx);
 }
 
+// One block per (token, q/k head): grid-stride over the tokens on x, the head on y.
 __global__ void __launch_bounds__(kThreads) finish_keys_kernel(BackwardParams p) {
   __shared__ float scratch[kThreads / 32];
   const bool varlen = p.seqs.cu_seqlens != nullptr;
   for (int64_t tok = blockIdx.x; tok < p.total_tokens; tok += gridDim.x) {
     const int64_t ln = layout_seq(tok, p.seqs.seqlen, varlen);
-    for (int h = 0; h < p.heads; ++h) {
+    for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
       finish_key(p, p.q, p.q_rows, p.dq_hat, p.dq, tok, ln, h, scratch);
       finish_key(p, p.k, p.k_rows, p.dk_hat, p.dk, tok, ln, h, scratch);
     }
@@ -90,8 +92,9 @@ __global__ void __launch_bounds__(kThreads) finish_gate_kernel(BackwardParams p)
 
 // One block per value head: the partials over the token blocks in order, then dA_log over the
 // channels by block_sum.
-__global__ void __launch_bounds__(kThreads) reduce_kernel(BackwardParams p, int64_t tiles) {
+__global__ void __launch_bounds__(kThreads) reduce_kernel(BackwardParams p) {
   __shared__ float scratch[kThreads / 32];
+  const int64_t tiles = (p.total_tokens + kFinishTokens - 1) / kFinishTokens;
   const int c = threadIdx.x;
   const int hv = blockIdx.x;
   float dt = 0.f, alog = 0.f;
@@ -107,16 +110,21 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(BackwardParams p, int6
 }  // namespace
 
 cudaError_t launch_finish(const BackwardParams& p, cudaStream_t stream) {
-  const int64_t tiles = (p.total_tokens + kFinishTokens - 1) / kFinishTokens;
+  // No dynamic shared memory: no context key.
   if (p.total_tokens > 0) {
-    const int64_t blocks = p.total_tokens < (int64_t{1} << 20) ? p.total_tokens : (int64_t{1} << 20);
-    finish_keys_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    finish_gate_kernel<<<dim3(unsigned(tiles), unsigned(p.value_heads)), kThreads, 0, stream>>>(p);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    KernelLaunch k;
+    k.grid_x = unsigned(p.total_tokens < (int64_t{1} << 20) ? p.total_tokens : (int64_t{1} << 20));
+    k.grid_y = unsigned(p.heads);
+    k.block = kThreads;
+    if (const cudaError_t e = launch_planned<finish_keys_kernel>(k, 0, p, stream); e != cudaSuccess) return e;
+    k.grid_x = unsigned((p.total_tokens + kFinishTokens - 1) / kFinishTokens);
+    k.grid_y = unsigned(p.value_heads);
+    if (const cudaError_t e = launch_planned<finish_gate_kernel>(k, 0, p, stream); e != cudaSuccess) return e;
   }
-  reduce_kernel<<<unsigned(p.value_heads), kThreads, 0, stream>>>(p, tiles);
-  return cudaGetLastError();
+  KernelLaunch k;
+  k.grid_x = unsigned(p.value_heads);
+  k.block = kThreads;
+  return launch_planned<reduce_kernel>(k, 0, p, stream);
 }
 
 }  // namespace flash_kda::sm90::bwd

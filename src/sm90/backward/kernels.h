@@ -24,4 +24,12 @@ cudaError_t launch_chunk_grad(const BackwardParams& p, uint64_t context_key, cud
 /// fixed-order reduction (finish.cu).
 cudaError_t launch_finish(const BackwardParams& p, cudaStream_t stream);
 
+struct BackwardLayout;
+
+/// Everything after the recompute (sequence.cpp): zeroes the gradient accumulators of the
+/// workspace (layout `l`) and dv, then prepare, records, chain, chunk_grad and finish, with
+/// `context_key` for the kernels' shared-memory attributes. Throws CudaError on a failed call.
+void enqueue_backward_kernels(const BackwardParams& p, const BackwardLayout& l, uint64_t context_key,
+                              cudaStream_t stream);
+
 }  // namespace flash_kda::sm90::bwd

@@ -14,7 +14,10 @@
 #include <cstring>
 
 #include "common/gate.h"
-#if defined(__CUDACC__)
+// DeviceWarp is device code, and also the CPU model's (tests/emu, FLASH_KDA_EMU: the kernel
+// compiled as host C++, with ptx.cuh's host stand-in emulating the warp's mma).
+#if defined(__CUDACC__) || defined(FLASH_KDA_EMU)
+#define FKDA_BWD_DEVICE_WARP 1
 #include "sm90/common/ptx.cuh"
 #endif
 
@@ -63,7 +66,7 @@ inline float tf32_round_host(float x) {
   return y;
 }
 
-#if defined(__CUDACC__)
+#if defined(FKDA_BWD_DEVICE_WARP)
 
 /// The warp of the calling thread: fragments are this lane's registers.
 struct DeviceWarp {
@@ -123,6 +126,6 @@ struct DeviceWarp {
   }
 };
 
-#endif  // __CUDACC__
+#endif  // FKDA_BWD_DEVICE_WARP
 
 }  // namespace flash_kda::sm90::bwd

@@ -1,5 +1,5 @@
-// The parameter block every backward kernel reads (launch.cu fills it once per call from the
-// validated call and the workspace layout, layout.h). Per-token inputs are read in place
+// The parameter block every backward kernel reads (backward_params fills it once per call from
+// the validated call and the workspace layout, layout.h). Per-token inputs are read in place
 // through their RowLayouts (any batch, token and head strides); the gradients are contiguous.
 // Token indices are on the flattened token axis of SeqIndex: sequence n of a fixed-length
 // batch owns tokens n*T .. n*T + T - 1.
@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "flash_kda/backward.h"
 #include "flash_kda/forward.h"
 #include "sm90/common/row_layout.h"
 #include "sm90/common/seq_index.h"
@@ -54,5 +55,12 @@ struct BackwardParams {
   void* d_initial_state;            // [N, HV, ...] in the call's layout, or nullptr
   bool d_initial_is_f32;
 };
+
+struct BackwardLayout;
+
+/// The parameter block of the validated call `args` of shape `p` whose workspace (layout `l`)
+/// starts at `ws` (params.cpp; host code, shared by the launch and the CPU model of the kernels
+/// in tests/emu).
+BackwardParams backward_params(const BackwardArgs& args, const ProblemShape& p, char* ws, const BackwardLayout& l);
 
 }  // namespace flash_kda::sm90::bwd

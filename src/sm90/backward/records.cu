@@ -5,6 +5,7 @@
 // overflows, however strong the decay.
 #include "sm90/backward/kernels.h"
 #include "sm90/backward/records.h"
+#include "sm90/common/launch_config.h"
 #include "sm90/common/seq_index.h"
 
 namespace flash_kda::sm90::bwd {
@@ -103,8 +104,11 @@ __global__ void __launch_bounds__(kThreads) records_kernel(BackwardParams p) {
 
 cudaError_t launch_records(const BackwardParams& p, cudaStream_t stream) {
   if (p.total_tokens == 0) return cudaSuccess;
-  records_kernel<<<dim3(unsigned(p.rows), unsigned(p.value_heads)), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  KernelLaunch k;
+  k.grid_x = unsigned(p.rows);
+  k.grid_y = unsigned(p.value_heads);
+  k.block = kThreads;
+  return launch_planned<records_kernel>(k, 0, p, stream);  // no dynamic shared memory: no context key
 }
 
 }  // namespace flash_kda::sm90::bwd

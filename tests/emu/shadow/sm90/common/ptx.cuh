@@ -43,18 +43,23 @@ inline uint32_t tf32(float x) {
   return u;
 }
 
-/// The warp's m16n8k8 tf32 mma: every lane posts its fragments through the model's shuffles and
-/// computes its four results from the gathered 16 x 8 A and 8 x 8 B (fp32 sums in k order).
+/// The warp's m16n8k8 tf32 mma: the lanes' fragments gathered in one warp-wide step of the
+/// model, then each lane computes its four results from the 16 x 8 A and 8 x 8 B (fp32 sums in
+/// k order).
 inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const char* file = __builtin_FILE(),
                      int line = __builtin_LINE()) {
+  struct Frags {
+    uint32_t a[4], b[2];
+  };
+  const Frags mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};
+  Frags all[32];
+  ::flash_kda::emu::gather(&mine, sizeof mine, all, {file, line});
   float A[16][8], B[8][8];
   for (int src = 0; src < 32; ++src) {
     const int g = src / 4, t = src % 4;
-    uint32_t v[6];
-    for (int r = 0; r < 4; ++r) v[r] = ::flash_kda::emu::shuffle_value(0xffffffffu, a[r], src, {file, line});
-    for (int r = 0; r < 2; ++r) v[4 + r] = ::flash_kda::emu::shuffle_value(0xffffffffu, b[r], src, {file, line});
     float f[6];
-    std::memcpy(f, v, sizeof f);
+    std::memcpy(f, all[src].a, 16);
+    std::memcpy(f + 4, all[src].b, 8);
     A[g][t] = f[0];
     A[g + 8][t] = f[1];
     A[g][t + 4] = f[2];
