@@ -73,9 +73,9 @@ constexpr int kPartLd = kChainCols + 4;
 
 struct Smem {
   float rec[kStages][kRecSmem];
-  float dO[2][kC][kVecLd];                 // the current and the next chunk's d out rows
+  float dO[2][2][kC][kVecLd];              // the current and the next chunk's d out rows: head, tail
   float part[kWarps][kC][kPartLd];         // the warps' dU partials
-  float nbdR[kC][kVecLd];                  // -diag(b) dR
+  float nbdR[2][kC][kVecLd];               // -diag(b) dR: head, tail
 };
 constexpr int kSmemBytes = int(sizeof(Smem));
 
@@ -97,16 +97,17 @@ __device__ __forceinline__ void fetch_record(const BackwardParams& p, int64_t ro
 }
 
 // A thread's two d out elements of a chunk: row i = tid / 16, columns 2 (tid % 16) and + 1 of
-// the slice; zero past the chunk's `rows` tokens.
+// the slice; zero past the chunk's `rows` tokens. `ln` is the sequence's layout_seq, the same
+// for all its tokens.
 struct DoPair {
   float x = 0.f, y = 0.f;
 };
-__device__ __forceinline__ DoPair load_do(const BackwardParams& p, int64_t tok0, int rows, int hv, int col0) {
+__device__ __forceinline__ DoPair load_do(const BackwardParams& p, int64_t ln, int64_t tok0, int rows, int hv,
+                                          int col0) {
   const int i = threadIdx.x / 16, v = col0 + 2 * (threadIdx.x % 16);
   DoPair d;
   if (i < rows) {
     const int64_t tok = tok0 + i;
-    const int64_t ln = layout_seq(tok, p.seqs.seqlen, p.seqs.cu_seqlens != nullptr);
     const char* row = static_cast<const char*>(p.d_out) + p.d_out_rows.offset(ln, tok, hv);
     if (p.d_out_is_f32) {
       const float2 f = *reinterpret_cast<const float2*>(row + int64_t(v) * 4);
@@ -120,8 +121,14 @@ __device__ __forceinline__ DoPair load_do(const BackwardParams& p, int64_t tok0,
   }
   return d;
 }
-__device__ __forceinline__ void store_do(float (*dO)[kVecLd], const DoPair& d) {
-  *reinterpret_cast<float2*>(&dO[threadIdx.x / 16][2 * (threadIdx.x % 16)]) = make_float2(d.x, d.y);
+// Stores the pair, split into tf32 head and tail (chain_products.cuh), into dO[2][kC][kVecLd].
+__device__ __forceinline__ void store_do(float (*dO)[kC][kVecLd], const DoPair& d) {
+  float2 hi, lo;
+  tf32_split(d.x, hi.x, lo.x);
+  tf32_split(d.y, hi.y, lo.y);
+  const int i = threadIdx.x / 16, v = 2 * (threadIdx.x % 16);
+  *reinterpret_cast<float2*>(&dO[0][i][v]) = hi;
+  *reinterpret_cast<float2*>(&dO[1][i][v]) = lo;
 }
 
 __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
@@ -152,6 +159,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   const SeqIndex::Span sp = p.seqs.span(n);
   const int64_t chunks = (sp.length + kC - 1) / kC;
   auto rows_of = [&](int64_t j) { return int(sp.length - j * kC < kC ? sp.length - j * kC : kC); };
+  const int64_t ln = layout_seq(sp.begin, p.seqs.seqlen, p.seqs.cu_seqlens != nullptr);
   // Chunk j's record is in s.rec[stage], stage = (chunks - 1 - j) mod kStages; chunk j - 2's
   // goes to stage + 2 (mod 3), the buffer chunk j + 1 has left.
   int stage = 0;
@@ -163,8 +171,8 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     ptx::cp_async_commit();
     if (chunks > 1) fetch_record(p, sp.first_slot + chunks - 2, hv, s.rec[1]);
     ptx::cp_async_commit();
-    store_do(s.dO[(chunks - 1) & 1], load_do(p, sp.begin + (chunks - 1) * kC, rows_of(chunks - 1), hv, col0));
-    if (chunks > 1) pend = load_do(p, sp.begin + (chunks - 2) * kC, rows_of(chunks - 2), hv, col0);
+    store_do(s.dO[(chunks - 1) & 1], load_do(p, ln, sp.begin + (chunks - 1) * kC, rows_of(chunks - 1), hv, col0));
+    if (chunks > 1) pend = load_do(p, ln, sp.begin + (chunks - 2) * kC, rows_of(chunks - 2), hv, col0);
   }
   for (int64_t j = chunks - 1; j >= 0; --j) {
     // dS of this chunk's end to the workspace, for chunk_grad: per store, four channel rows of
@@ -184,18 +192,19 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     DoPair fresh;
     if (j >= 2) {
       fetch_record(p, sp.first_slot + j - 2, hv, s.rec[stage == 0 ? kStages - 1 : stage - 1]);
-      fresh = load_do(p, sp.begin + (j - 2) * kC, rows_of(j - 2), hv, col0);
+      fresh = load_do(p, ln, sp.begin + (j - 2) * kC, rows_of(j - 2), hv, col0);
     }
     ptx::cp_async_commit();
     const float* rec = s.rec[stage];
-    const float* dO = &s.dO[j & 1][0][0];
+    const float* dOhi = &s.dO[j & 1][0][0][0];
+    const float* dOlo = &s.dO[j & 1][1][0][0];
 
     // 1. The warp's dU partial, from dS before the update.
     {
       FragB bkr[2][2];
       chain_load_b_kr(w, bkr, rec + kKr, c0);
       FragC part[2][2];
-      chain_dU_partial(w, part, ds, bkr, warp, dO, rec + kM);
+      chain_dU_partial(w, part, ds, bkr, warp, dOhi, dOlo, rec + kM);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -215,11 +224,12 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
       }
     FragB bkd[2][2];
     {
-      FragA aO[2][2];
+      FragA ahi[2][2], alo[2][2];
       FragB bqd[2][2];
-      chain_load_a_vec_T(w, aO, dO);
+      chain_load_a_vec_T(w, ahi, dOhi);
+      chain_load_a_vec_T(w, alo, dOlo);
       chain_load_b_rows(w, bqd, rec + kQd, c0);
-      chain_mma(w, ds, aO, bqd);
+      chain_mma_a(w, ds, ahi, alo, bqd);
       chain_load_b_rows(w, bkd, rec + kKd, c0);
     }
     __syncthreads();
@@ -246,16 +256,17 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
         rlo[m & 1] += rec[kTinv + (m + 8) * kC + q] * xh;
         rhi[m & 1] += rec[kTinv + (m + 8) * kC + q + 8] * xh;
       }
-      s.nbdR[q][v] = -rec[kB + q] * (rlo[0] + rlo[1]);
-      s.nbdR[q + 8][v] = -rec[kB + q + 8] * (rhi[0] + rhi[1]);
+      tf32_split(-rec[kB + q] * (rlo[0] + rlo[1]), s.nbdR[0][q][v], s.nbdR[1][q][v]);
+      tf32_split(-rec[kB + q + 8] * (rhi[0] + rhi[1]), s.nbdR[0][q + 8][v], s.nbdR[1][q + 8][v]);
     }
     __syncthreads();
 
     // 3. dS^T += (-diag(b) dR)^T kd.
     {
-      FragA aR[2][2];
-      chain_load_a_vec_T(w, aR, &s.nbdR[0][0]);
-      chain_mma(w, ds, aR, bkd);
+      FragA ahi[2][2], alo[2][2];
+      chain_load_a_vec_T(w, ahi, &s.nbdR[0][0][0]);
+      chain_load_a_vec_T(w, alo, &s.nbdR[1][0][0]);
+      chain_mma_a(w, ds, ahi, alo, bkd);
     }
     if (j >= 1) store_do(s.dO[(j - 1) & 1], pend);  // read from the next step on
     pend = fresh;

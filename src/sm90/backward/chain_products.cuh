@@ -22,8 +22,10 @@
 //   kd, qd, kr: [16][kChainLd], kChainLd = 136: B fragments of qd and kd (token t or t + 4,
 //     channel + g: banks 8t + g) avoid conflicts; kr's permuted ones (token g, channel 2t or
 //     2t + 1: banks 8g + 2t) meet at most two lanes a bank; rows stay 16-byte aligned.
-//   value-row tiles (dO, -diag(b) dR): [16][kVecLd], kVecLd = 40: A fragments of their
-//     transposes (token t or t + 4, value g or g + 8: banks 8t + g) avoid conflicts.
+//   value-row tiles (dO, -diag(b) dR): [16][kVecLd], kVecLd = 40, each as two planes, its
+//     tf32 head and tail (tf32_split: every warp reads all of them as A operands, so they are
+//     split once where they are written): A fragments of their transposes (token t or t + 4,
+//     value g or g + 8: banks 8t + g) avoid conflicts.
 //   M: [16][16] as in the record.
 #pragma once
 
@@ -73,13 +75,23 @@ FKDA_HOST_DEVICE void chain_mma(const W& w, typename W::C (&acc)[2][2], const ty
       for (int nt = 0; nt < 2; ++nt) w.mma_split(acc[mt][nt], a[mt][ks], b[ks][nt]);
 }
 
+/// acc[mt][nt] += sum_ks a[mt][ks] b[ks][nt] with A split beforehand (ahi, alo: mma_split_a).
+template <class W>
+FKDA_HOST_DEVICE void chain_mma_a(const W& w, typename W::C (&acc)[2][2], const typename W::A (&ahi)[2][2],
+                                  const typename W::A (&alo)[2][2], const typename W::B (&b)[2][2]) {
+  for (int ks = 0; ks < 2; ++ks)
+    for (int mt = 0; mt < 2; ++mt)
+      for (int nt = 0; nt < 2; ++nt) w.mma_split_a(acc[mt][nt], ahi[mt][ks], alo[mt][ks], b[ks][nt]);
+}
+
 /// part[mt][nt] = dS^T[:, c0..c0+15] kr^T[c0..c0+15, :] (value rows x tokens) from the warp's
 /// dS^T tiles ds and kr's fragments bkr (chain_load_b_kr), plus tile `tile` (0..7: mt, nt, ks
-/// its bits 2, 1, 0) of dO^T M: the eight warps together add dO^T M once.
+/// its bits 2, 1, 0) of dO^T M (dO split beforehand into dOhi + dOlo): the eight warps
+/// together add dO^T M once.
 template <class W>
 FKDA_HOST_DEVICE void chain_dU_partial(const W& w, typename W::C (&part)[2][2], const typename W::C (&ds)[2][2],
-                                       const typename W::B (&bkr)[2][2], int tile, const float* dO,
-                                       const float* M) {
+                                       const typename W::B (&bkr)[2][2], int tile, const float* dOhi,
+                                       const float* dOlo, const float* M) {
   const int mt = (tile >> 2) & 1, nt = (tile >> 1) & 1, ks = tile & 1;
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) part[i][j] = typename W::C{};
@@ -87,10 +99,12 @@ FKDA_HOST_DEVICE void chain_dU_partial(const W& w, typename W::C (&part)[2][2], 
   for (int i = 0; i < 2; ++i)
     for (int k = 0; k < 2; ++k) a[i][k] = w.a_of_c(ds[i][k]);
   chain_mma(w, part, a, bkr);
-  const typename W::A aO = w.load_a([&](int m, int k) { return dO[(8 * ks + k) * kVecLd + 16 * mt + m]; });
+  auto at = [&](const float* P) {
+    return w.load_a([&](int m, int k) { return P[(8 * ks + k) * kVecLd + 16 * mt + m]; });
+  };
   const typename W::B bM = w.load_b([&](int k, int n) { return M[(8 * ks + k) * kC + 8 * nt + n]; });
   typename W::C pm{};
-  w.mma_split(pm, aO, bM);
+  w.mma_split_a(pm, at(dOhi), at(dOlo), bM);
   // Added by selects, not part[mt][nt] (a register array indexed at run time goes to local memory).
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) w.add_c_if(part[i][j], pm, i == mt && j == nt);

@@ -124,7 +124,32 @@ struct DeviceWarp {
     ptx::mma_tf32(c.x, ah, bl);
     ptx::mma_tf32(c.x, ah, bh);
   }
+  /// mma_split with A already split (tf32_split: hi and lo exact tf32 numbers), for an operand
+  /// that several warps read: split once where it is written rather than by every reader.
+  __device__ __forceinline__ void mma_split_a(C& c, const A& hi, const A& lo, const B& b) const {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      ah[r] = __float_as_uint(hi.x[r]);
+      al[r] = __float_as_uint(lo.x[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      bh[r] = ptx::tf32(b.x[r]);
+      bl[r] = ptx::tf32(b.x[r] - __uint_as_float(bh[r] & 0xffffe000u));
+    }
+    ptx::mma_tf32(c.x, al, bh);
+    ptx::mma_tf32(c.x, ah, bl);
+    ptx::mma_tf32(c.x, ah, bh);
+  }
 };
+
+/// x as a tf32 head and tail, both exact tf32 numbers (low 13 bits zero): hi + lo is x to
+/// about 2^-22 of x, the split mma_split makes.
+__device__ __forceinline__ void tf32_split(float x, float& hi, float& lo) {
+  hi = __uint_as_float(ptx::tf32(x) & 0xffffe000u);
+  lo = __uint_as_float(ptx::tf32(x - hi) & 0xffffe000u);
+}
 
 #endif  // FKDA_BWD_DEVICE_WARP
 
