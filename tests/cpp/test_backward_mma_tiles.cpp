@@ -36,6 +36,12 @@ struct EmuWarp {
       for (int r = 0; r < 4; ++r) f[lane].x[r] = at(bwd::frag_a_row(lane, r), bwd::frag_a_col(lane, r));
     return f;
   }
+  A load_a_packed(const float* f) const {
+    A a;
+    for (int lane = 0; lane < 32; ++lane)
+      for (int r = 0; r < 4; ++r) a[lane].x[r] = f[4 * lane + r];
+    return a;
+  }
   template <class F>
   B load_b(F at) const {
     B f;
@@ -335,7 +341,7 @@ TEST(BackwardMmaTiles, ResidualKeepsItsAccuracyWhenItCancels) {
 // the index arithmetic; with tf32 operands, that 3xTF32 keeps fp32's accuracy (plain tf32
 // would lose ~2^-11).
 void chain_case(bool tf32, double tol) {
-  constexpr int V = bwd::kChainCols, L = bwd::kChainLd, VL = bwd::kVecLd;
+  constexpr int V = bwd::kChainCols, L = bwd::kChainLd, VL = V;
   std::mt19937_64 rng(21);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> dS(D * V);  // dense [K][V]: the slice
@@ -349,14 +355,17 @@ void chain_case(bool tf32, double tol) {
   const std::vector<float> kr = rows(L, D), qd = rows(L, D), kd = rows(L, D), dO = rows(VL, V), P = rows(VL, V);
   std::vector<float> M(C * C);
   for (auto& x : M) x = nd(rng);
-  // Head and tail planes of the value-row tiles, as the kernel stores them.
+  // Head and tail planes of the value-row tiles ([16][V] here), as the kernel stores them.
   auto planes = [&](const std::vector<float>& t, std::vector<float>& hi, std::vector<float>& lo) {
-    hi = t;
-    lo = t;
-    for (size_t e = 0; e < t.size(); ++e) {
-      hi[e] = tf32 ? bwd::tf32_round_host(t[e]) : t[e];
-      lo[e] = tf32 ? bwd::tf32_round_host(t[e] - hi[e]) : 0.f;
-    }
+    hi.assign(bwd::kVecTile, NAN);
+    lo.assign(bwd::kVecTile, NAN);
+    for (int i = 0; i < C; ++i)
+      for (int v = 0; v < V; ++v) {
+        const float x = t[i * VL + v];
+        const int at = bwd::vec_frag_off(i, v);
+        hi[at] = tf32 ? bwd::tf32_round_host(x) : x;
+        lo[at] = tf32 ? bwd::tf32_round_host(x - hi[at]) : 0.f;
+      }
   };
   std::vector<float> dOhi, dOlo, Phi, Plo;
   planes(dO, dOhi, dOlo);
@@ -421,14 +430,26 @@ void chain_case(bool tf32, double tol) {
 TEST(BackwardMmaTiles, ChainProductsMatchNaiveProducts) { chain_case(false, 1e-6); }
 TEST(BackwardMmaTiles, ChainProductsKeepFp32AccuracyIn3xTf32) { chain_case(true, 2e-6); }
 
+TEST(BackwardMmaTiles, ChainValueTileIsInFragmentOrder) {
+  std::set<int> seen;
+  for (int i = 0; i < C; ++i)
+    for (int v = 0; v < bwd::kChainCols; ++v) {
+      const int at = bwd::vec_frag_off(i, v);
+      ASSERT_GE(at, 0);
+      ASSERT_LT(at, bwd::kVecTile);
+      seen.insert(at);
+    }
+  EXPECT_EQ(seen.size(), size_t(bwd::kVecTile));
+  for (int mt = 0; mt < 2; ++mt)
+    for (int ks = 0; ks < 2; ++ks)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int r = 0; r < 4; ++r)
+          EXPECT_EQ(bwd::vec_frag_off(8 * ks + bwd::frag_a_col(lane, r), 16 * mt + bwd::frag_a_row(lane, r)),
+                    ((mt * 2 + ks) * 32 + lane) * 4 + r);
+}
+
 TEST(BackwardMmaTiles, ChainFragmentLoadsAreFreeOfBankConflicts) {
-  constexpr int L = bwd::kChainLd, VL = bwd::kVecLd;
-  for (int r = 0; r < 4; ++r) {  // A of a value-row tile's transpose
-    std::set<int> banks;
-    for (int lane = 0; lane < 32; ++lane)
-      banks.insert((bwd::frag_a_col(lane, r) * VL + bwd::frag_a_row(lane, r)) % 32);
-    EXPECT_EQ(banks.size(), 32u);
-  }
+  constexpr int L = bwd::kChainLd;
   for (int r = 0; r < 2; ++r) {  // B of qd, kd
     std::set<int> banks;
     for (int lane = 0; lane < 32; ++lane) banks.insert((bwd::frag_b_row(lane, r) * L + bwd::frag_b_col(lane)) % 32);

@@ -73,13 +73,15 @@ constexpr int kPartLd = kChainCols + 4;
 
 struct Smem {
   float rec[kStages][kRecSmem];
-  float dO[2][2][kC][kVecLd];              // the current and the next chunk's d out rows: head, tail
-  float part[kWarps][kC][kPartLd];         // the warps' dU partials
-  float nbdR[2][kC][kVecLd];               // -diag(b) dR: head, tail
+  float dO[2][2][kVecTile];         // the current and the next chunk's d out rows: head, tail (vec_frag_off)
+  float part[kWarps][kC][kPartLd];  // the warps' dU partials
+  float nbdR[2][kVecTile];          // -diag(b) dR: head, tail (vec_frag_off)
 };
+static_assert(offsetof(Smem, dO) % 16 == 0 && offsetof(Smem, nbdR) % 16 == 0 && kVecTile % 4 == 0,
+              "fragments as 16-byte loads");
 constexpr int kSmemBytes = int(sizeof(Smem));
 
-// Starts the copy of record `row` into rec (the caller closes the group). Thread tid copies the pieces at
+// Starts the copy of the record from kd on at src into rec (the caller closes the group). Thread tid copies the pieces at
 // floats e = 4 tid + 1024 k of the record from kd: k = 0..5 cover kd, qd, kr (1024 floats are 8
 // rows, so piece k sits 8 (tid / 32 + 8 k) floats further in rows of stride kChainLd), k = 6 the
 // tail; the destinations depend on tid alone.
@@ -87,8 +89,7 @@ constexpr int kPiecesPerRound = 4 * kThreads;
 static_assert(kRowFloats % kPiecesPerRound == 0 && kPiecesPerRound == 8 * kHeadDim, "whole rounds of 8 rows");
 static_assert(kRecSpan - kRowFloats <= kPiecesPerRound, "one round of tail");
 static_assert(kChainLd - kHeadDim == 8, "8 floats of padding a row");
-__device__ __forceinline__ void fetch_record(const BackwardParams& p, int64_t row, int hv, float* rec) {
-  const float* src = p.records + (row * p.value_heads + hv) * int64_t(kRecordFloats) + RecordField::kd;
+__device__ __forceinline__ void fetch_record(const float* src, float* rec) {
   const int e = 4 * int(threadIdx.x), d = e + 8 * int(threadIdx.x / 32);
 #pragma unroll
   for (int k = 0; k < kRowFloats / kPiecesPerRound; ++k)
@@ -97,38 +98,42 @@ __device__ __forceinline__ void fetch_record(const BackwardParams& p, int64_t ro
 }
 
 // A thread's two d out elements of a chunk: row i = tid / 16, columns 2 (tid % 16) and + 1 of
-// the slice; zero past the chunk's `rows` tokens. `ln` is the sequence's layout_seq, the same
-// for all its tokens.
+// the slice; zero past the chunk's `rows` tokens. The byte offset of the pair in chunk j is
+// off0 + j * chunk_stride (RowLayout::offset is linear in the token, and the sequence's
+// layout_seq is the same for all its tokens).
 struct DoPair {
   float x = 0.f, y = 0.f;
 };
-__device__ __forceinline__ DoPair load_do(const BackwardParams& p, int64_t ln, int64_t tok0, int rows, int hv,
-                                          int col0) {
+struct DoSource {
+  int64_t off0, chunk_stride;
+};
+__device__ __forceinline__ DoSource do_source(const BackwardParams& p, const SeqIndex::Span& sp, int hv, int col0) {
   const int i = threadIdx.x / 16, v = col0 + 2 * (threadIdx.x % 16);
+  const int64_t ln = layout_seq(sp.begin, p.seqs.seqlen, p.seqs.cu_seqlens != nullptr);
+  return {p.d_out_rows.offset(ln, sp.begin + i, hv) + int64_t(v) * (p.d_out_is_f32 ? 4 : 2),
+          kC * p.d_out_rows.token_stride};
+}
+__device__ __forceinline__ DoPair load_do(const BackwardParams& p, const DoSource& src, int64_t j, int rows) {
   DoPair d;
-  if (i < rows) {
-    const int64_t tok = tok0 + i;
-    const char* row = static_cast<const char*>(p.d_out) + p.d_out_rows.offset(ln, tok, hv);
+  if (int(threadIdx.x / 16) < rows) {
+    const char* at = static_cast<const char*>(p.d_out) + src.off0 + j * src.chunk_stride;
     if (p.d_out_is_f32) {
-      const float2 f = *reinterpret_cast<const float2*>(row + int64_t(v) * 4);
+      const float2 f = *reinterpret_cast<const float2*>(at);
       d.x = f.x;
       d.y = f.y;
     } else {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + int64_t(v) * 2));
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at));
       d.x = f.x;
       d.y = f.y;
     }
   }
   return d;
 }
-// Stores the pair, split into tf32 head and tail (chain_products.cuh), into dO[2][kC][kVecLd].
-__device__ __forceinline__ void store_do(float (*dO)[kC][kVecLd], const DoPair& d) {
-  float2 hi, lo;
-  tf32_split(d.x, hi.x, lo.x);
-  tf32_split(d.y, hi.y, lo.y);
+// Stores the pair, split into tf32 head and tail (chain_products.cuh), into dO[2][kVecTile].
+__device__ __forceinline__ void store_do(float (*dO)[kVecTile], const DoPair& d) {
   const int i = threadIdx.x / 16, v = 2 * (threadIdx.x % 16);
-  *reinterpret_cast<float2*>(&dO[0][i][v]) = hi;
-  *reinterpret_cast<float2*>(&dO[1][i][v]) = lo;
+  tf32_split(d.x, dO[0][vec_frag_off(i, v)], dO[1][vec_frag_off(i, v)]);
+  tf32_split(d.y, dO[0][vec_frag_off(i, v + 1)], dO[1][vec_frag_off(i, v + 1)]);
 }
 
 __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
@@ -159,7 +164,13 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   const SeqIndex::Span sp = p.seqs.span(n);
   const int64_t chunks = (sp.length + kC - 1) / kC;
   auto rows_of = [&](int64_t j) { return int(sp.length - j * kC < kC ? sp.length - j * kC : kC); };
-  const int64_t ln = layout_seq(sp.begin, p.seqs.seqlen, p.seqs.cu_seqlens != nullptr);
+  // Chunk j's record (from kd on), d out pair and dS rows in the workspace, each a fixed stride
+  // per chunk from chunk 0's.
+  const float* rec_src = p.records + (sp.first_slot * p.value_heads + hv) * int64_t(kRecordFloats) + RecordField::kd;
+  const int64_t rec_stride = int64_t(p.value_heads) * kRecordFloats;
+  float* const out0 = p.dstates + (sp.first_slot * p.value_heads + hv) * KV + col0;
+  const int64_t out_stride = p.value_heads * KV;
+  const DoSource do_src = do_source(p, sp, hv, col0);
   // Chunk j's record is in s.rec[stage], stage = (chunks - 1 - j) mod kStages; chunk j - 2's
   // goes to stage + 2 (mod 3), the buffer chunk j + 1 has left.
   int stage = 0;
@@ -167,17 +178,17 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   // every step waits for the same count), d out rows through `pend` (the next chunk's).
   DoPair pend;
   if (chunks > 0) {
-    fetch_record(p, sp.first_slot + chunks - 1, hv, s.rec[0]);
+    fetch_record(rec_src + (chunks - 1) * rec_stride, s.rec[0]);
     ptx::cp_async_commit();
-    if (chunks > 1) fetch_record(p, sp.first_slot + chunks - 2, hv, s.rec[1]);
+    if (chunks > 1) fetch_record(rec_src + (chunks - 2) * rec_stride, s.rec[1]);
     ptx::cp_async_commit();
-    store_do(s.dO[(chunks - 1) & 1], load_do(p, ln, sp.begin + (chunks - 1) * kC, rows_of(chunks - 1), hv, col0));
-    if (chunks > 1) pend = load_do(p, ln, sp.begin + (chunks - 2) * kC, rows_of(chunks - 2), hv, col0);
+    store_do(s.dO[(chunks - 1) & 1], load_do(p, do_src, chunks - 1, rows_of(chunks - 1)));
+    if (chunks > 1) pend = load_do(p, do_src, chunks - 2, rows_of(chunks - 2));
   }
   for (int64_t j = chunks - 1; j >= 0; --j) {
     // dS of this chunk's end to the workspace, for chunk_grad: per store, four channel rows of
     // 32 contiguous bytes.
-    float* out = p.dstates + ((sp.first_slot + j) * p.value_heads + hv) * KV + col0;
+    float* out = out0 + j * out_stride;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -191,13 +202,13 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     // Chunk j - 2's record and d out rows start loading.
     DoPair fresh;
     if (j >= 2) {
-      fetch_record(p, sp.first_slot + j - 2, hv, s.rec[stage == 0 ? kStages - 1 : stage - 1]);
-      fresh = load_do(p, ln, sp.begin + (j - 2) * kC, rows_of(j - 2), hv, col0);
+      fetch_record(rec_src + (j - 2) * rec_stride, s.rec[stage == 0 ? kStages - 1 : stage - 1]);
+      fresh = load_do(p, do_src, j - 2, rows_of(j - 2));
     }
     ptx::cp_async_commit();
     const float* rec = s.rec[stage];
-    const float* dOhi = &s.dO[j & 1][0][0][0];
-    const float* dOlo = &s.dO[j & 1][1][0][0];
+    const float* dOhi = s.dO[j & 1][0];
+    const float* dOlo = s.dO[j & 1][1];
 
     // 1. The warp's dU partial, from dS before the update.
     {
@@ -256,16 +267,17 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
         rlo[m & 1] += rec[kTinv + (m + 8) * kC + q] * xh;
         rhi[m & 1] += rec[kTinv + (m + 8) * kC + q + 8] * xh;
       }
-      tf32_split(-rec[kB + q] * (rlo[0] + rlo[1]), s.nbdR[0][q][v], s.nbdR[1][q][v]);
-      tf32_split(-rec[kB + q + 8] * (rhi[0] + rhi[1]), s.nbdR[0][q + 8][v], s.nbdR[1][q + 8][v]);
+      tf32_split(-rec[kB + q] * (rlo[0] + rlo[1]), s.nbdR[0][vec_frag_off(q, v)], s.nbdR[1][vec_frag_off(q, v)]);
+      tf32_split(-rec[kB + q + 8] * (rhi[0] + rhi[1]), s.nbdR[0][vec_frag_off(q + 8, v)],
+                 s.nbdR[1][vec_frag_off(q + 8, v)]);
     }
     __syncthreads();
 
     // 3. dS^T += (-diag(b) dR)^T kd.
     {
       FragA ahi[2][2], alo[2][2];
-      chain_load_a_vec_T(w, ahi, &s.nbdR[0][0][0]);
-      chain_load_a_vec_T(w, alo, &s.nbdR[1][0][0]);
+      chain_load_a_vec_T(w, ahi, s.nbdR[0]);
+      chain_load_a_vec_T(w, alo, s.nbdR[1]);
       chain_mma_a(w, ds, ahi, alo, bkd);
     }
     if (j >= 1) store_do(s.dO[(j - 1) & 1], pend);  // read from the next step on

@@ -22,10 +22,10 @@
 //   kd, qd, kr: [16][kChainLd], kChainLd = 136: B fragments of qd and kd (token t or t + 4,
 //     channel + g: banks 8t + g) avoid conflicts; kr's permuted ones (token g, channel 2t or
 //     2t + 1: banks 8g + 2t) meet at most two lanes a bank; rows stay 16-byte aligned.
-//   value-row tiles (dO, -diag(b) dR): [16][kVecLd], kVecLd = 40, each as two planes, its
+//   value-row tiles (dO, -diag(b) dR): kVecTile floats in the A-fragment order of their
+//     transposes (vec_frag_off: a fragment is one 16-byte load a lane), each as two planes, its
 //     tf32 head and tail (tf32_split: every warp reads all of them as A operands, so they are
-//     split once where they are written): A fragments of their transposes (token t or t + 4,
-//     value g or g + 8: banks 8t + g) avoid conflicts.
+//     split once where they are written).
 //   M: [16][16] as in the record.
 #pragma once
 
@@ -38,15 +38,25 @@ namespace flash_kda::sm90::bwd {
 inline constexpr int kChainCols = 32;
 /// Row stride of kd, qd, kr in the chain's shared copy of a record.
 inline constexpr int kChainLd = 128 + 8;
-/// Row stride of the [16][kChainCols] value-row tiles.
-inline constexpr int kVecLd = kChainCols + 8;
+/// Floats of a value-row tile (16 tokens x kChainCols values).
+inline constexpr int kVecTile = kC * kChainCols;
 
-/// a[mt][ks]: A fragments of P^T (value rows 16 mt .., tokens 8 ks ..) for P [16][kVecLd].
+/// Offset of element (token i, value v) of a value-row tile, stored in the A-fragment order of
+/// its transpose: fragment (mt, ks) of the 32 x 16 transpose (values 16 mt .., tokens 8 ks ..)
+/// is 128 floats, lane l's four registers at 4 l .. 4 l + 3, so that a lane loads a fragment
+/// in one 16-byte load.
+FKDA_HOST_DEVICE int vec_frag_off(int i, int v) {
+  const int mt = v >> 4, m = v & 15, ks = i >> 3, k = i & 7;
+  const int lane = ((m & 7) << 2) | (k & 3), r = (m >> 3) | ((k >> 2) << 1);  // frag_a_row, frag_a_col inverted
+  return (((mt * 2 + ks) * 32 + lane) << 2) | r;
+}
+
+/// a[mt][ks]: A fragments of P^T (value rows 16 mt .., tokens 8 ks ..) for a value-row tile P
+/// in vec_frag_off's order.
 template <class W>
 FKDA_HOST_DEVICE void chain_load_a_vec_T(const W& w, typename W::A (&a)[2][2], const float* P) {
   for (int mt = 0; mt < 2; ++mt)
-    for (int ks = 0; ks < 2; ++ks)
-      a[mt][ks] = w.load_a([&](int m, int k) { return P[(8 * ks + k) * kVecLd + 16 * mt + m]; });
+    for (int ks = 0; ks < 2; ++ks) a[mt][ks] = w.load_a_packed(P + (mt * 2 + ks) * 128);
 }
 
 /// b[ks][nt]: B fragments of X (tokens 8 ks .., channels c0 + 8 nt ..) for X [16][kChainLd].
@@ -99,12 +109,10 @@ FKDA_HOST_DEVICE void chain_dU_partial(const W& w, typename W::C (&part)[2][2], 
   for (int i = 0; i < 2; ++i)
     for (int k = 0; k < 2; ++k) a[i][k] = w.a_of_c(ds[i][k]);
   chain_mma(w, part, a, bkr);
-  auto at = [&](const float* P) {
-    return w.load_a([&](int m, int k) { return P[(8 * ks + k) * kVecLd + 16 * mt + m]; });
-  };
   const typename W::B bM = w.load_b([&](int k, int n) { return M[(8 * ks + k) * kC + 8 * nt + n]; });
   typename W::C pm{};
-  w.mma_split_a(pm, at(dOhi), at(dOlo), bM);
+  const int f = (mt * 2 + ks) * 128;
+  w.mma_split_a(pm, w.load_a_packed(dOhi + f), w.load_a_packed(dOlo + f), bM);
   // Added by selects, not part[mt][nt] (a register array indexed at run time goes to local memory).
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) w.add_c_if(part[i][j], pm, i == mt && j == nt);

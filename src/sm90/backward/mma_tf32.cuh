@@ -92,6 +92,12 @@ struct DeviceWarp {
     for (int r = 0; r < 2; ++r) f.x[r] = at(frag_b_row(lane, r), frag_b_col(lane));
     return f;
   }
+  /// This lane's A fragment stored as 4 consecutive floats a lane (f 16-byte aligned: 128
+  /// floats a fragment, lane l's at f + 4 l).
+  __device__ __forceinline__ A load_a_packed(const float* f) const {
+    const float4 x = *reinterpret_cast<const float4*>(f + 4 * int(threadIdx.x & 31));
+    return A{{x.x, x.y, x.z, x.w}};
+  }
   /// The accumulator tile c as an A operand (frag_a_of_c).
   __device__ __forceinline__ A a_of_c(const C& c) const { return frag_a_of_c(c); }
   /// c += x where `on`, else c unchanged.
