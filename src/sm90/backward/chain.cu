@@ -46,15 +46,17 @@ static_assert(kChainCols == 4 * kWarps && kThreads == kC * kChainCols / 2, "thre
 constexpr int kStages = 3;  // record buffers: the current chunk and two ahead
 static_assert(kStages == 3, "the ring steps below: two ahead of stage s is stage s - 1");
 
-// The record from kd on is what the chain reads; kd, qd, kr (contiguous, [16][K] each) go to
-// rows of stride kChainLd, the rest (eg, A, M, Tinv, b) follows unchanged.
-constexpr int kRecSpan = kRecordFloats - RecordField::kd;
+// The chain reads the record from kd on, but A: kd, qd, kr (contiguous, [16][K] each) go to
+// rows of stride kChainLd, then eg, then M, Tinv and b (contiguous) unchanged.
 constexpr int kRowFloats = 3 * kC * kHeadDim;
+constexpr int kTailFloats = kHeadDim + (kRecordFloats - RecordField::M);  // eg; M, Tinv, b
 static_assert(RecordField::qd == RecordField::kd + kC * kHeadDim && RecordField::kr == RecordField::qd + kC * kHeadDim &&
-                  RecordField::eg == RecordField::kr + kC * kHeadDim,
-              "kd, qd, kr contiguous, then eg");
-static_assert(kRecSpan % 4 == 0 && RecordField::kd % 4 == 0 && kChainLd % 4 == 0, "16-byte copies");
-constexpr int kRecSmem = 3 * kC * kChainLd + (kRecSpan - kRowFloats);
+                  RecordField::eg == RecordField::kr + kC * kHeadDim && RecordField::A == RecordField::eg + kHeadDim &&
+                  RecordField::M == RecordField::A + kC * kC,
+              "kd, qd, kr contiguous, then eg, A, M ..");
+static_assert(RecordField::kd % 4 == 0 && kChainLd % 4 == 0 && kTailFloats % 4 == 0 && kHeadDim % 4 == 0,
+              "16-byte copies");
+constexpr int kRecSmem = 3 * kC * kChainLd + kTailFloats;
 static_assert(kRecSmem % 4 == 0, "16-byte aligned buffers");
 
 // Offsets of the record's fields in the shared copy.
@@ -62,39 +64,44 @@ constexpr int kKd = 0;
 constexpr int kQd = kC * kChainLd;
 constexpr int kKr = 2 * kC * kChainLd;
 constexpr int kEg = 3 * kC * kChainLd;
-constexpr int kM = kEg + RecordField::M - RecordField::eg;
-constexpr int kTinv = kEg + RecordField::Tinv - RecordField::eg;
-constexpr int kB = kEg + RecordField::b - RecordField::eg;
+constexpr int kM = kEg + kHeadDim;
+constexpr int kTinv = kM + RecordField::Tinv - RecordField::M;
+constexpr int kB = kM + RecordField::b - RecordField::M;
 
-// Row stride of the dU partials [16][kPartLd] (token rows, value columns): the warps' fragment
-// stores (token 2t or 2t + 1, value g: banks 8t + g) and the reduction's loads (token q, value
-// 4 w + cc: banks 4q + cc) avoid conflicts.
-constexpr int kPartLd = kChainCols + 4;
+// The warps' dU partials, [kWarps][16][32] (token rows i, value columns v), element (i, v) at
+// column v ^ part_swizzle(i): the warps' fragment stores (i = 2t or 2t + 1, v = g + const) and
+// the reduction's loads (i = q, v = 4 w + cc) meet each bank once.
+__device__ __forceinline__ int part_off(int i, int v) { return i * kChainCols + (v ^ ((i & 7) << 2)); }
 
 struct Smem {
   float rec[kStages][kRecSmem];
-  float dO[2][2][kVecTile];         // the current and the next chunk's d out rows: head, tail (vec_frag_off)
-  float part[kWarps][kC][kPartLd];  // the warps' dU partials
-  float nbdR[2][kVecTile];          // -diag(b) dR: head, tail (vec_frag_off)
+  float dO[2][2][kVecTile];                // the current and the next chunk's d out rows: head, tail (vec_frag_off)
+  float part[kWarps][kC * kChainCols];     // the warps' dU partials (part_off)
+  float nbdR[2][kVecTile];                 // -diag(b) dR: head, tail (vec_frag_off)
 };
 static_assert(offsetof(Smem, dO) % 16 == 0 && offsetof(Smem, nbdR) % 16 == 0 && kVecTile % 4 == 0,
               "fragments as 16-byte loads");
 constexpr int kSmemBytes = int(sizeof(Smem));
+static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two blocks an SM (1 KB reserved a block)");
 
-// Starts the copy of the record from kd on at src into rec (the caller closes the group). Thread tid copies the pieces at
-// floats e = 4 tid + 1024 k of the record from kd: k = 0..5 cover kd, qd, kr (1024 floats are 8
-// rows, so piece k sits 8 (tid / 32 + 8 k) floats further in rows of stride kChainLd), k = 6 the
-// tail; the destinations depend on tid alone.
+// Starts the copy of a record (src at its kd) into rec (the caller closes the group). Thread
+// tid copies the pieces at floats e = 4 tid + 1024 k from kd: k = 0..5 cover kd, qd, kr (1024
+// floats are 8 rows, so piece k sits 8 (tid / 32 + 8 k) floats further in rows of stride
+// kChainLd); then piece e of the tail, eg or (past A) M, Tinv, b. The destinations depend on
+// tid alone.
 constexpr int kPiecesPerRound = 4 * kThreads;
 static_assert(kRowFloats % kPiecesPerRound == 0 && kPiecesPerRound == 8 * kHeadDim, "whole rounds of 8 rows");
-static_assert(kRecSpan - kRowFloats <= kPiecesPerRound, "one round of tail");
+static_assert(kTailFloats <= kPiecesPerRound, "one round of tail");
 static_assert(kChainLd - kHeadDim == 8, "8 floats of padding a row");
 __device__ __forceinline__ void fetch_record(const float* src, float* rec) {
   const int e = 4 * int(threadIdx.x), d = e + 8 * int(threadIdx.x / 32);
 #pragma unroll
   for (int k = 0; k < kRowFloats / kPiecesPerRound; ++k)
     ptx::cp_async_16(rec + d + k * 8 * kChainLd, src + e + k * kPiecesPerRound);
-  if (e < kRecSpan - kRowFloats) ptx::cp_async_16(rec + 3 * kC * kChainLd + e, src + kRowFloats + e);
+  if (e < kTailFloats) {
+    const int from = RecordField::eg - RecordField::kd + (e < kHeadDim ? e : e + (RecordField::M - RecordField::A));
+    ptx::cp_async_16(rec + kEg + e, src + from);
+  }
 }
 
 // A thread's two d out elements of a chunk: row i = tid / 16, columns 2 (tid % 16) and + 1 of
@@ -222,7 +229,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int r = 0; r < 4; ++r)
-            s.part[warp][8 * nt + frag_c_col(lane, r)][16 * mt + frag_c_row(lane, r)] = part[mt][nt].x[r];
+            s.part[warp][part_off(8 * nt + frag_c_col(lane, r), 16 * mt + frag_c_row(lane, r))] = part[mt][nt].x[r];
     }
     // dS^T <- dS^T diag(eg) + dO^T qd, while the other warps finish their partials.
 #pragma unroll
@@ -253,8 +260,8 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
       float lo[kWarps], hi[kWarps];
 #pragma unroll
       for (int u = 0; u < kWarps; ++u) {
-        lo[u] = s.part[u][q][v];
-        hi[u] = s.part[u][q + 8][v];
+        lo[u] = s.part[u][part_off(q, v)];
+        hi[u] = s.part[u][part_off(q + 8, v)];
       }
       const float ulo = ((lo[0] + lo[1]) + (lo[2] + lo[3])) + ((lo[4] + lo[5]) + (lo[6] + lo[7]));
       const float uhi = ((hi[0] + hi[1]) + (hi[2] + hi[3])) + ((hi[4] + hi[5]) + (hi[6] + hi[7]));
