@@ -20,14 +20,20 @@
 //      rows of one value column, the column's 16 values through shuffles among 8 lanes), and
 //      -diag(b) dR to shared memory;                                                 barrier
 //   3. dS^T += (-diag(b) dR)^T kd.
-// Sixteen-token records and d out rows load two chunks ahead (records by cp.async into a ring
-// of three buffers; d out through registers), so that their DRAM latency (~1 us) stays under
-// two steps; a step is about the latency of the two dependent 3xTF32 mma chains and three
-// barriers. Every sum runs in a fixed order: the results are deterministic.
+// Records and d out rows load two chunks ahead (records by cp.async into a ring of three
+// buffers; d out through registers), so that their DRAM latency (~1 us) stays under two steps.
+// A step's dependent path is two chains of six mma (3xTF32 over two k-steps), the SIMT dR and
+// three barriers, ~800 cycles; its ~650 instructions a warp, two warps a scheduler, take
+// ~1300 issue cycles, the bound; and the step's 16 KB of dS stores, with the record, keep the
+// DRAM near its bandwidth at 128 blocks. Every sum runs in a fixed order: the results are
+// deterministic.
 //
 // 32 columns a block: a (sequence, head) gives four blocks, so 32 heads fill the SMs, and each
 // block reads the whole record per step; 16 columns would double the record traffic through
-// L2 for the same products, 64 would leave half the SMs idle at 32 heads.
+// L2 and the per-block fixed work (record split, dR) for the same products, 64 would leave
+// half the SMs idle at 32 heads. 8 warps, 16 channels each: the fewest warps whose dS^T share
+// is one m-tile pair, with 114,880 B of shared memory and 99 registers, two blocks an SM when
+// there are more blocks than SMs.
 #include "sm90/backward/chain_products.cuh"
 #include "sm90/backward/chunk_load.cuh"
 #include "sm90/backward/kernels.h"
