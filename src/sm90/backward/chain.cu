@@ -31,9 +31,10 @@
 // 32 columns a block: a (sequence, head) gives four blocks, so 32 heads fill the SMs, and each
 // block reads the whole record per step; 16 columns would double the record traffic through
 // L2 and the per-block fixed work (record split, dR) for the same products, 64 would leave
-// half the SMs idle at 32 heads. 8 warps, 16 channels each: the fewest warps whose dS^T share
-// is one m-tile pair, with 114,880 B of shared memory and 99 registers, two blocks an SM when
-// there are more blocks than SMs.
+// half the SMs idle at 32 heads. 8 warps, 16 channels each: 4 would double each warp's
+// dependent mma chains and leave one warp a scheduler, 16 would double the loads of the dO and
+// dR fragments (every warp reads all of them) and the partials to add. 114,880 B of shared
+// memory and 99 registers: two blocks an SM when there are more blocks than SMs.
 #include "sm90/backward/chain_products.cuh"
 #include "sm90/backward/chunk_load.cuh"
 #include "sm90/backward/kernels.h"
