@@ -52,6 +52,14 @@ def _cases():
     ]
 
 
+def judge_errors(label: str, errs) -> bool:
+    """Prints a case's relative errors against the reference; True when all are <= 1e-2."""
+    ok = all(e <= 1e-2 for e in errs)  # NaN compares False
+    print(f"sanitize: {label}: {'ok' if ok else 'WRONG'} rel. errors " + ", ".join(f"{e:.2e}" for e in errs),
+          flush=True)
+    return ok
+
+
 def run_variant_cases(torch) -> int:
     """The other entry points' variants, small: every chunk_kda case of tests/python/chunk_cases.py
     (gates, GVA, state layouts and dtypes, strided views, flags, varlen, padding) and extreme
@@ -67,10 +75,7 @@ def run_variant_cases(torch) -> int:
 
     def judge(label, errs) -> None:
         nonlocal wrong
-        ok = all(e <= 1e-2 for e in errs)  # NaN compares False
-        wrong += not ok
-        print(f"sanitize: {label}: {'ok' if ok else 'WRONG'} rel. errors " + ", ".join(f"{e:.2e}" for e in errs),
-              flush=True)
+        wrong += not judge_errors(label, errs)
 
     extreme = [ChunkCase("san_softplus_A16_large_g", gate="softplus", seqlen=40, batch=1),
                ChunkCase("san_pre_gated_unbounded", gate="none", seqlen=40, batch=1)]
@@ -139,8 +144,20 @@ def run_variant_cases(torch) -> int:
         wrong += not ok
         print(f"sanitize: decode with [N, T] slots, -1 and >= P entries, accepted counts, fp32 inputs "
               f"({'v' if v_first else 'k'}-first): {'ok' if ok else 'WRONG'} (finite)", flush=True)
-    # The backward (chunk_kda with grad): every chunk_kda case the backward serves, short, each
-    # gradient against autograd through the fp64 yardstick (relative error <= 2e-2).
+    wrong += run_backward_cases(torch, judge)
+    return wrong
+
+
+def run_backward_cases(torch, judge) -> int:
+    """The backward (chunk_kda with grad): every chunk_kda case of tests/python/chunk_cases.py
+    that the backward serves, short, each gradient against autograd through the fp64 yardstick;
+    judge(label, errors) reports each. Returns 0 (judge counts the wrong results)."""
+    import dataclasses
+
+    import flash_kda
+    from chunk_cases import CASES, make_call, rel_err
+
+    dev = torch.device("cuda")
     for case in [dataclasses.replace(c, seqlen=min(c.seqlen, 40)) for c in CASES]:
         args, kw, real = make_call(case, dev)
         if kw.get("cu_seqlens") is not None and real != args[0].shape[1]:
@@ -164,11 +181,12 @@ def run_variant_cases(torch) -> int:
         torch.cuda.synchronize()
         if len(grads) == 2:
             judge(f"chunk_kda backward {case.name}", [rel_err(a, b.detach().cpu().numpy()) for a, b in zip(*grads)])
-    return wrong
+    return 0
 
 
-def run_cases() -> int:
-    """The sanitized process: every case once, plus in-place state updates; 1 on a wrong result."""
+def run_cases(backward_only: bool = False) -> int:
+    """The sanitized process: every case once, plus in-place state updates (with backward_only,
+    the backward's cases alone); 1 on a wrong result."""
     from fwd_cases import Case, call_fwd, make_inputs, new_outputs, reference_errors, sm90_skip_reason
 
     reason = sm90_skip_reason()
@@ -186,6 +204,16 @@ def run_cases() -> int:
         failures += not ok
         print(f"sanitize: {label}: {'ok' if ok else 'WRONG'} rel. errors "
               + ", ".join(f"{e:.2e}" for e in errs), flush=True)
+
+    if backward_only:
+
+        def judge_backward(label, errs) -> None:
+            nonlocal failures
+            failures += not judge_errors(label, errs)
+
+        run_backward_cases(torch, judge_backward)
+        print(DONE_MARK if failures == 0 else f"sanitize: {failures} case(s) gave wrong results", flush=True)
+        return 1 if failures else 0
 
     for case in _cases():
         x = make_inputs(case)
@@ -254,10 +282,12 @@ def main() -> int:
     ap.add_argument("--tool", choices=TOOLS, action="append", help="tool to run (repeatable; default: all)")
     ap.add_argument("--log-dir", default="sanitize-logs", help="where each tool's full output is written")
     ap.add_argument("--timeout", type=float, default=420.0, help="seconds allowed per tool")
+    ap.add_argument("--backward-only", action="store_true",
+                    help="only the backward's cases (chunk_kda with grad), e.g. after a backward-only change")
     ap.add_argument("--run-cases", action="store_true", help=argparse.SUPPRESS)  # the sanitized child
     args = ap.parse_args()
     if args.run_cases:
-        return run_cases()
+        return run_cases(args.backward_only)
 
     sanitizer = _sanitizer()
     if sanitizer is None:
@@ -271,7 +301,7 @@ def main() -> int:
         cmd = [sanitizer, "--tool", tool, "--error-exitcode", "86", "--print-limit", "100"]
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
-        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases"]
+        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases"] + (["--backward-only"] if args.backward_only else [])
         log = open(log_path, "w")
         # Both tools at once: each is bound by one process's instrumented launches, not the GPU.
         procs[tool] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, log_path,

@@ -6,12 +6,11 @@
 
 #include <cmath>
 #include <cstring>
-#include <ostream>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "flash_kda/flash_kda.h"
+#include "backward_test_util.h"
 #include "gpu_test_util.h"
 #include "reference_test_util.h"
 
@@ -24,75 +23,36 @@ using flash_kda::BackwardArgs;
 using flash_kda::DType;
 using flash_kda::GateMode;
 using flash_kda::StateLayout;
+using flash_kda::testing::BackwardCase;
 using flash_kda::testing::DeviceTensor;
 using flash_kda::testing::HostTensor;
 using flash_kda::testing::KdaConfig;
 
 constexpr double kBound = 2e-2;
 
-struct Case {
-  std::string name;
-  KdaConfig config;
-  DType d_out_dtype = DType::BF16;
-  bool l2norm = true;
-  bool neg_eigval = false;
-};
-
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-class BackwardGpu : public ::testing::TestWithParam<Case> {};
-
-HostTensor random_tensor(DType dtype, const std::vector<int64_t>& shape, uint64_t seed, double sd) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> n(0.0, sd);
-  int64_t count = 1;
-  for (int64_t s : shape) count *= s;
-  std::vector<double> v(static_cast<size_t>(count));
-  for (auto& e : v) e = n(rng);
-  return HostTensor::from_values(v, dtype, shape);
-}
+class BackwardGpu : public ::testing::TestWithParam<BackwardCase> {};
 
 TEST_P(BackwardGpu, MatchesReference) {
   const std::string why = flash_kda::testing::gpu_skip_reason();
   if (!why.empty()) GTEST_SKIP() << why;
-  const Case& tc = GetParam();
+  const BackwardCase& tc = GetParam();
   KdaConfig cfg = tc.config;
   cfg.head_dim_k = cfg.head_dim_v = 128;
   cfg.input_dtype = DType::BF16;
   auto prob = flash_kda::testing::make_random_problem(cfg);
-  HostTensor d_out = random_tensor(tc.d_out_dtype, prob.out.shape(), 11, 1.0);
-  HostTensor d_final = prob.final_state.defined() ? random_tensor(prob.final_state.dtype(), prob.final_state.shape(), 12, 1.0)
-                                                  : HostTensor{};
+  flash_kda::testing::BackwardInputs in(prob, tc);
 
   // The reference: fp64 gradients.
-  auto f64_like = [](HostTensor& t) { return t.defined() ? HostTensor(DType::F64, t.shape()) : HostTensor{}; };
-  HostTensor r_dq = f64_like(prob.q), r_dk = f64_like(prob.k), r_dv = f64_like(prob.v), r_dg = f64_like(prob.g),
-             r_db = f64_like(prob.beta), r_dA = f64_like(prob.A_log), r_ddt = f64_like(prob.dt_bias),
-             r_dh0 = f64_like(prob.initial_state);
-  BackwardArgs r;
-  r.forward = prob.args();
-  r.forward.use_qk_l2norm = tc.l2norm;
-  r.forward.allow_neg_eigval = tc.neg_eigval;
-  r.forward.out = {};
-  r.forward.final_state = {};
-  r.d_out = d_out.view();
-  r.d_final_state = d_final.view();
-  r.dq = r_dq.view(); r.dk = r_dk.view(); r.dv = r_dv.view(); r.dg = r_dg.view(); r.dbeta = r_db.view();
-  r.dA_log = r_dA.view(); r.ddt_bias = r_ddt.view(); r.d_initial_state = r_dh0.view();
+  flash_kda::testing::Fp64Gradients ref(prob);
+  BackwardArgs r = ref.args(in.forward, in.d_out, in.d_final);
   flash_kda::reference_backward(r);
 
   // The GPU: gradients in their inputs' dtypes, poisoned so an unwritten element cannot pass.
-  auto like = [](HostTensor& t) {
-    if (!t.defined()) return HostTensor{};
-    HostTensor g(t.dtype(), t.shape());
-    g.fill(std::nan(""));
-    return g;
-  };
-  HostTensor g_dq = like(prob.q), g_dk = like(prob.k), g_dv = like(prob.v), g_dg = like(prob.g),
-             g_db = like(prob.beta), g_dA = like(prob.A_log), g_ddt = like(prob.dt_bias), g_dh0 = like(prob.initial_state);
+  flash_kda::testing::PoisonedGradients poisoned(prob);
   DeviceTensor q(prob.q), k(prob.k), v(prob.v), g(prob.g), beta(prob.beta), A_log(prob.A_log), dt_bias(prob.dt_bias),
-      cu(prob.cu_seqlens), h0(prob.initial_state), dout(d_out), dfin(d_final), dq(g_dq), dk(g_dk), dv(g_dv), dg(g_dg),
-      db(g_db), dA(g_dA), ddt(g_ddt), dh0(g_dh0);
+      cu(prob.cu_seqlens), h0(prob.initial_state), dout(in.d_out), dfin(in.d_final), dq(poisoned.dq), dk(poisoned.dk),
+      dv(poisoned.dv), dg(poisoned.dg), db(poisoned.dbeta), dA(poisoned.dA_log), ddt(poisoned.ddt_bias),
+      dh0(poisoned.d_initial_state);
   BackwardArgs a;
   a.forward = r.forward;
   a.forward.q = q.view(); a.forward.k = k.view(); a.forward.v = v.view(); a.forward.g = g.view();
@@ -115,9 +75,9 @@ TEST_P(BackwardGpu, MatchesReference) {
     DeviceTensor* got;
     HostTensor* ref;
   };
-  const Out outs[] = {{"dq", &dq, &r_dq}, {"dk", &dk, &r_dk}, {"dv", &dv, &r_dv}, {"dg", &dg, &r_dg},
-                      {"dbeta", &db, &r_db}, {"dA_log", &dA, &r_dA}, {"ddt_bias", &ddt, &r_ddt},
-                      {"d_initial_state", &dh0, &r_dh0}};
+  const Out outs[] = {{"dq", &dq, &ref.dq}, {"dk", &dk, &ref.dk}, {"dv", &dv, &ref.dv}, {"dg", &dg, &ref.dg},
+                      {"dbeta", &db, &ref.dbeta}, {"dA_log", &dA, &ref.dA_log}, {"ddt_bias", &ddt, &ref.ddt_bias},
+                      {"d_initial_state", &dh0, &ref.d_initial_state}};
   std::vector<std::vector<double>> first;
   for (const Out& o : outs) {
     if (!o.ref->defined()) continue;
@@ -160,8 +120,8 @@ KdaConfig base() {
   return c;
 }
 
-std::vector<Case> cases() {
-  std::vector<Case> v;
+std::vector<BackwardCase> cases() {
+  std::vector<BackwardCase> v;
   v.push_back({"safe_gate_fp32_states", base()});
   KdaConfig c = base();
   c.state_dtype = DType::BF16;
@@ -189,7 +149,7 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, BackwardGpu, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+                         [](const ::testing::TestParamInfo<BackwardCase>& i) { return i.param.name; });
 
 }  // namespace
 #endif

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "sm90/backward/chain_products.cuh"
 #include "sm90/backward/chunk_grad_products.cuh"
 
 namespace {
@@ -35,6 +36,12 @@ struct EmuWarp {
     for (int lane = 0; lane < 32; ++lane)
       for (int r = 0; r < 4; ++r) f[lane].x[r] = at(bwd::frag_a_row(lane, r), bwd::frag_a_col(lane, r));
     return f;
+  }
+  A load_a_packed(const float* f) const {
+    A a;
+    for (int lane = 0; lane < 32; ++lane)
+      for (int r = 0; r < 4; ++r) a[lane].x[r] = f[4 * lane + r];
+    return a;
   }
   template <class F>
   B load_b(F at) const {
@@ -79,6 +86,31 @@ struct EmuWarp {
       c[lane].x[2] = Cm[g + 8][2 * t];
       c[lane].x[3] = Cm[g + 8][2 * t + 1];
     }
+  }
+  /// The accumulator tiles as A operands, lane by lane (DeviceWarp::a_of_c).
+  A a_of_c(const C& c) const {
+    A a;
+    for (int lane = 0; lane < 32; ++lane) a[lane] = bwd::frag_a_of_c(c[lane]);
+    return a;
+  }
+  void add_c_if(C& c, const C& x, bool on) const {
+    for (int lane = 0; lane < 32; ++lane)
+      for (int r = 0; r < 4; ++r) c[lane].x[r] += on ? x[lane].x[r] : 0.f;
+  }
+  /// As DeviceWarp::mma_split_a: A given as head and tail (exact tf32 numbers when tf32).
+  void mma_split_a(C& c, const A& hi, const A& lo, const B& b) const {
+    B bh = b, bl = b;
+    if (tf32)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int r = 0; r < 2; ++r) {
+          bh[lane].x[r] = bwd::tf32_round_host(b[lane].x[r]);
+          bl[lane].x[r] = bwd::tf32_round_host(b[lane].x[r] - bh[lane].x[r]);
+        }
+    else
+      for (int lane = 0; lane < 32; ++lane) bl[lane] = bwd::FragB{{0.f, 0.f}};
+    mma(c, lo, bh);
+    mma(c, hi, bl);
+    mma(c, hi, bh);
   }
   /// 3xTF32 as DeviceWarp::mma_split: tail x head + head x tail + head x head.
   void mma_split(C& c, const A& a, const B& b) const {
@@ -430,6 +462,140 @@ TEST(BackwardMmaTiles, ResidualKeepsItsAccuracyWhenItCancels) {
       EXPECT_LE(e.rel(), 5e-4) << "3xTF32";  // fp32 rounding of v and of kd S, relative to |X|
     else
       EXPECT_GE(e.rel(), 5e-3) << "plain tf32 loses about two digits here";
+  }
+}
+
+// The chain's products (chain_products.cuh) against naive ones, for all eight warps of a block:
+// dU^T = sum_w part_w (dS^T from the accumulator fragments, kr in the permuted channel order,
+// dO^T M shared among the warps) and dS^T += dO^T qd + P^T kd. With exact operands they test
+// the index arithmetic; with tf32 operands, that 3xTF32 keeps fp32's accuracy (plain tf32
+// would lose ~2^-11).
+void chain_case(bool tf32, double tol) {
+  constexpr int V = bwd::kChainCols, L = bwd::kChainLd, VL = V;
+  std::mt19937_64 rng(21);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> dS(D * V);  // dense [K][V]: the slice
+  for (auto& x : dS) x = nd(rng);
+  auto rows = [&](int ld, int cols) {
+    std::vector<float> t(C * ld, NAN);  // the padding must never be read
+    for (int i = 0; i < C; ++i)
+      for (int c = 0; c < cols; ++c) t[i * ld + c] = nd(rng);
+    return t;
+  };
+  const std::vector<float> kr = rows(L, D), qd = rows(L, D), kd = rows(L, D), dO = rows(VL, V), P = rows(VL, V);
+  std::vector<float> M(C * C);
+  for (auto& x : M) x = nd(rng);
+  // Head and tail planes of the value-row tiles ([16][V] here), as the kernel stores them.
+  auto planes = [&](const std::vector<float>& t, std::vector<float>& hi, std::vector<float>& lo) {
+    hi.assign(bwd::kVecTile, NAN);
+    lo.assign(bwd::kVecTile, NAN);
+    for (int i = 0; i < C; ++i)
+      for (int v = 0; v < V; ++v) {
+        const float x = t[i * VL + v];
+        const int at = bwd::vec_frag_off(i, v);
+        hi[at] = tf32 ? bwd::tf32_round_host(x) : x;
+        lo[at] = tf32 ? bwd::tf32_round_host(x - hi[at]) : 0.f;
+      }
+  };
+  std::vector<float> dOhi, dOlo, Phi, Plo;
+  planes(dO, dOhi, dOlo);
+  planes(P, Phi, Plo);
+
+  EmuWarp w;
+  w.tf32 = tf32;
+  std::vector<double> dU(V * C, 0.0);  // [v][i]
+  MaxErr eU, eS;
+  std::vector<double> Sgot(D * V, 0.0);
+  for (int warp = 0; warp < 8; ++warp) {
+    const int c0 = 16 * warp;
+    EmuWarp::C ds[2][2];
+    for (int mt = 0; mt < 2; ++mt)
+      for (int nt = 0; nt < 2; ++nt)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int r = 0; r < 4; ++r)
+            ds[mt][nt][lane].x[r] =
+                dS[(c0 + 8 * nt + bwd::frag_c_col(lane, r)) * V + 16 * mt + bwd::frag_c_row(lane, r)];
+    EmuWarp::B bkr[2][2];
+    bwd::chain_load_b_kr(w, bkr, kr.data(), c0);
+    EmuWarp::C part[2][2];
+    bwd::chain_dU_partial(w, part, ds, bkr, warp, dOhi.data(), dOlo.data(), M.data());
+    for (int mt = 0; mt < 2; ++mt)
+      for (int nt = 0; nt < 2; ++nt)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int r = 0; r < 4; ++r)
+            dU[(16 * mt + bwd::frag_c_row(lane, r)) * C + 8 * nt + bwd::frag_c_col(lane, r)] += part[mt][nt][lane].x[r];
+    EmuWarp::A ahi[2][2], alo[2][2];
+    EmuWarp::B b[2][2];
+    bwd::chain_load_a_vec_T(w, ahi, dOhi.data());
+    bwd::chain_load_a_vec_T(w, alo, dOlo.data());
+    bwd::chain_load_b_rows(w, b, qd.data(), c0);
+    bwd::chain_mma_a(w, ds, ahi, alo, b);
+    bwd::chain_load_a_vec_T(w, ahi, Phi.data());
+    bwd::chain_load_a_vec_T(w, alo, Plo.data());
+    bwd::chain_load_b_rows(w, b, kd.data(), c0);
+    bwd::chain_mma_a(w, ds, ahi, alo, b);
+    for (int mt = 0; mt < 2; ++mt)
+      for (int nt = 0; nt < 2; ++nt)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int r = 0; r < 4; ++r)
+            Sgot[(c0 + 8 * nt + bwd::frag_c_col(lane, r)) * V + 16 * mt + bwd::frag_c_row(lane, r)] = ds[mt][nt][lane].x[r];
+  }
+  for (int v = 0; v < V; ++v)
+    for (int i = 0; i < C; ++i) {
+      double want = 0;
+      for (int m = 0; m < C; ++m) want += double(M[m * C + i]) * dO[m * VL + v];
+      for (int c = 0; c < D; ++c) want += double(kr[i * L + c]) * dS[c * V + v];
+      eU.add(dU[v * C + i], want);
+    }
+  for (int c = 0; c < D; ++c)
+    for (int v = 0; v < V; ++v) {
+      double want = dS[c * V + v];
+      for (int i = 0; i < C; ++i) want += double(qd[i * L + c]) * dO[i * VL + v] + double(kd[i * L + c]) * P[i * VL + v];
+      eS.add(Sgot[c * V + v], want);
+    }
+  EXPECT_LE(eU.rel(), tol) << "dU";
+  EXPECT_LE(eS.rel(), tol) << "dS update";
+}
+
+TEST(BackwardMmaTiles, ChainProductsMatchNaiveProducts) { chain_case(false, 1e-6); }
+TEST(BackwardMmaTiles, ChainProductsKeepFp32AccuracyIn3xTf32) { chain_case(true, 2e-6); }
+
+TEST(BackwardMmaTiles, ChainValueTileIsInFragmentOrder) {
+  std::set<int> seen;
+  for (int i = 0; i < C; ++i)
+    for (int v = 0; v < bwd::kChainCols; ++v) {
+      const int at = bwd::vec_frag_off(i, v);
+      ASSERT_GE(at, 0);
+      ASSERT_LT(at, bwd::kVecTile);
+      seen.insert(at);
+    }
+  EXPECT_EQ(seen.size(), size_t(bwd::kVecTile));
+  for (int mt = 0; mt < 2; ++mt)
+    for (int ks = 0; ks < 2; ++ks)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int r = 0; r < 4; ++r)
+          EXPECT_EQ(bwd::vec_frag_off(8 * ks + bwd::frag_a_col(lane, r), 16 * mt + bwd::frag_a_row(lane, r)),
+                    ((mt * 2 + ks) * 32 + lane) * 4 + r);
+}
+
+TEST(BackwardMmaTiles, ChainFragmentLoadsAreFreeOfBankConflicts) {
+  constexpr int L = bwd::kChainLd;
+  for (int r = 0; r < 2; ++r) {  // B of qd, kd
+    std::set<int> banks;
+    for (int lane = 0; lane < 32; ++lane) banks.insert((bwd::frag_b_row(lane, r) * L + bwd::frag_b_col(lane)) % 32);
+    EXPECT_EQ(banks.size(), 32u);
+  }
+  // kr's permuted B: b0 and b1 are adjacent (one 8-byte load); each half warp (lanes 16 h ..)
+  // covers all 32 banks once.
+  for (int h = 0; h < 2; ++h) {
+    std::set<int> banks;
+    for (int lane = 16 * h; lane < 16 * h + 16; ++lane) {
+      const int k0 = bwd::frag_kperm(bwd::frag_b_row(lane, 0)), k1 = bwd::frag_kperm(bwd::frag_b_row(lane, 1));
+      EXPECT_EQ(k1, k0 + 1);
+      banks.insert((bwd::frag_b_col(lane) * L + k0) % 32);
+      banks.insert((bwd::frag_b_col(lane) * L + k1) % 32);
+    }
+    EXPECT_EQ(banks.size(), 32u);
   }
 }
 

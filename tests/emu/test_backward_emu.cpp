@@ -18,10 +18,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "backward_test_util.h"
 #include "host/backward_checks.h"
 #include "reference_test_util.h"
 #include "sm90/backward/layout.h"
@@ -33,30 +33,12 @@ using flash_kda::BackwardArgs;
 using flash_kda::DType;
 using flash_kda::GateMode;
 using flash_kda::StateLayout;
+using flash_kda::testing::BackwardCase;
 using flash_kda::testing::HostTensor;
 using flash_kda::testing::KdaConfig;
 
 constexpr double kBound = 5e-3;
 
-struct Case {
-  std::string name;
-  KdaConfig config;
-  DType d_out_dtype = DType::BF16;
-  bool l2norm = true;
-  bool neg_eigval = false;
-};
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-/// Normal(0, sd) values of `shape` in `dtype`.
-HostTensor random_tensor(DType dtype, const std::vector<int64_t>& shape, uint64_t seed, double sd) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> n(0.0, sd);
-  int64_t count = 1;
-  for (int64_t s : shape) count *= s;
-  std::vector<double> v(static_cast<size_t>(count));
-  for (auto& e : v) e = n(rng);
-  return HostTensor::from_values(v, dtype, shape);
-}
 
 /// Host memory standing in for the device workspace: 256-byte aligned, 0xff bytes (NaN).
 struct Workspace {
@@ -68,37 +50,27 @@ struct Workspace {
   }
 };
 
-class BackwardEmu : public ::testing::TestWithParam<Case> {};
+class BackwardEmu : public ::testing::TestWithParam<BackwardCase> {};
 
 TEST_P(BackwardEmu, MatchesReference) {
   const auto t_start = std::chrono::steady_clock::now();
-  const Case& tc = GetParam();
+  const BackwardCase& tc = GetParam();
   KdaConfig cfg = tc.config;
   cfg.head_dim_k = cfg.head_dim_v = 128;
   cfg.input_dtype = DType::BF16;
   flash_kda::testing::KdaProblem prob = flash_kda::testing::make_random_problem(cfg);
-  HostTensor d_out = random_tensor(tc.d_out_dtype, prob.out.shape(), 11, 1.0);
-  HostTensor d_final = prob.final_state.defined()
-                           ? random_tensor(prob.final_state.dtype(), prob.final_state.shape(), 12, 1.0)
-                           : HostTensor{};
-  flash_kda::ForwardArgs forward = prob.args();
-  forward.use_qk_l2norm = tc.l2norm;
-  forward.allow_neg_eigval = tc.neg_eigval;
+  flash_kda::testing::BackwardInputs in(prob, tc);
+  const flash_kda::ForwardArgs& forward = in.forward;
 
   // The reference: fp64 gradients.
   flash_kda::testing::Fp64Gradients ref(prob);
-  BackwardArgs r = ref.args(forward, d_out, d_final);
+  BackwardArgs r = ref.args(forward, in.d_out, in.d_final);
   flash_kda::reference_backward(r);
 
   // The model: gradients in their inputs' dtypes, NaN so that an unwritten element cannot pass.
-  auto like = [](const HostTensor& t) {
-    if (!t.defined()) return HostTensor{};
-    HostTensor g(t.dtype(), t.shape());
-    g.fill(std::nan(""));
-    return g;
-  };
-  HostTensor dq = like(prob.q), dk = like(prob.k), dv = like(prob.v), dg = like(prob.g), db = like(prob.beta),
-             dA = like(prob.A_log), ddt = like(prob.dt_bias), dh0 = like(prob.initial_state);
+  flash_kda::testing::PoisonedGradients got(prob);
+  HostTensor &dq = got.dq, &dk = got.dk, &dv = got.dv, &dg = got.dg, &db = got.dbeta, &dA = got.dA_log,
+             &ddt = got.ddt_bias, &dh0 = got.d_initial_state;
   BackwardArgs a = r;
   a.dq = dq.view(); a.dk = dk.view(); a.dv = dv.view(); a.dg = dg.view(); a.dbeta = db.view();
   a.dA_log = dA.view(); a.ddt_bias = ddt.view(); a.d_initial_state = dh0.view();
@@ -151,8 +123,8 @@ TEST_P(BackwardEmu, MatchesReference) {
               ms(t_end - t_start));
 }
 
-std::vector<Case> cases() {
-  std::vector<Case> v;
+std::vector<BackwardCase> cases() {
+  std::vector<BackwardCase> v;
   KdaConfig c;
   c.batch = 2;
   c.seqlen = 17;
@@ -200,6 +172,6 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackwardEmu, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+                         [](const ::testing::TestParamInfo<BackwardCase>& i) { return i.param.name; });
 
 }  // namespace

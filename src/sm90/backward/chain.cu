@@ -1,15 +1,41 @@
 // The reverse state-gradient chain (the backward's only sequential part). Each value column of
 // dS (the gradient of the state after the current chunk) evolves on its own, so one block per
-// (sequence, value head, slice of kSlice value columns) walks its chunks from the last to the
-// first with its K x kSlice slice of dS in fp32 registers. Per chunk, from the chunk's record
-// (records.h; chunk_algebra.cuh's math):
+// (sequence, value head, slice of kChainCols = 32 value columns) walks its chunks from the last
+// to the first. Per chunk, from the chunk's record (records.h; chunk_algebra.cuh's math):
 //
 //   dU = M^T dO + kr dS      dR = Tinv^T dU      dS <- diag(eg) dS + qd^T dO - kd^T diag(b) dR
 //
 // and it stores dS before the step (the chunk-gradient kernel's input, k-first fp32). dS
 // starts at d_final_state (zero without it); what is left after the first chunk is
-// d_initial_state. An empty sequence passes d_final_state through. The next chunk's record
-// (cp.async) and d out rows (registers) load while the current chunk computes.
+// d_initial_state. An empty sequence passes d_final_state through.
+//
+// The products run on tensor cores (chain_products.cuh), each in 3xTF32, because dS sums
+// hundreds of steps and must keep fp32's accuracy (plain tf32 would add an error of ~5e-4 of
+// every term at every step). The slice's dS^T (32 x 128) lives in mma accumulators, warp w
+// owning channels 16 w .. 16 w + 15 (2 x 2 tiles, 16 floats a thread). A step:
+//   1. each warp's dU partial dS^T[:, its channels] kr^T[its channels, :] (32 x 16, A straight
+//      from the accumulators) plus one of dO^T M's eight tiles, to shared memory; meanwhile
+//      dS^T <- dS^T diag(eg) + dO^T qd, which does not wait for dU;                  barrier
+//   2. dU = the eight partials added in a fixed order, dR = Tinv^T dU (SIMT: each thread two
+//      rows of one value column, the column's 16 values through shuffles among 8 lanes), and
+//      -diag(b) dR to shared memory;                                                 barrier
+//   3. dS^T += (-diag(b) dR)^T kd.
+// Records and d out rows load two chunks ahead (records by cp.async into a ring of three
+// buffers; d out through registers), so that their DRAM latency (~1 us) stays under two steps.
+// A step's dependent path is two chains of six mma (3xTF32 over two k-steps), the SIMT dR and
+// three barriers, ~800 cycles; its ~650 instructions a warp, two warps a scheduler, take
+// ~1300 issue cycles, the bound; and the step's 16 KB of dS stores, with the record, keep the
+// DRAM near its bandwidth at 128 blocks. Every sum runs in a fixed order: the results are
+// deterministic.
+//
+// 32 columns a block: a (sequence, head) gives four blocks, so 32 heads fill the SMs, and each
+// block reads the whole record per step; 16 columns would double the record traffic through
+// L2 and the per-block fixed work (record split, dR) for the same products, 64 would leave
+// half the SMs idle at 32 heads. 8 warps, 16 channels each: 4 would double each warp's
+// dependent mma chains and leave one warp a scheduler, 16 would double the loads of the dO and
+// dR fragments (every warp reads all of them) and the partials to add. 114,880 B of shared
+// memory and 99 registers: two blocks an SM when there are more blocks than SMs.
+#include "sm90/backward/chain_products.cuh"
 #include "sm90/backward/chunk_load.cuh"
 #include "sm90/backward/kernels.h"
 #include "sm90/backward/records.h"
@@ -19,195 +45,271 @@
 namespace flash_kda::sm90::bwd {
 namespace {
 
-constexpr int kSlice = 32;                      // value columns per block: a warp's lanes
-constexpr int kSlices = kHeadDim / kSlice;      // blocks per (sequence, value head)
+constexpr int kSlices = kHeadDim / kChainCols;  // blocks per (sequence, value head)
 constexpr int kThreads = 256;                   // 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowsPerWarp = kHeadDim / kWarps;  // dS rows c = kRowsPerWarp * warp + r in a thread's registers
-constexpr int kRecSpan = kRecordFloats - RecordField::kd;  // the record from kd on: what the chain reads
-static_assert(kRecSpan % 4 == 0 && RecordField::kd % 4 == 0, "16-byte copies");
+static_assert(kWarps * 16 == kHeadDim, "a warp owns 16 channels");
+static_assert(kChainCols == 4 * kWarps && kThreads == kC * kChainCols / 2, "thread mappings below");
+constexpr int kStages = 3;  // record buffers: the current chunk and two ahead
+static_assert(kStages == 3, "the ring steps below: two ahead of stage s is stage s - 1");
 
-// Offsets of the record's fields in the shared copy (which starts at kd).
+// The chain reads the record from kd on, but A: kd, qd, kr (contiguous, [16][K] each) go to
+// rows of stride kChainLd, then eg, then M, Tinv and b (contiguous) unchanged.
+constexpr int kRowFloats = 3 * kC * kHeadDim;
+constexpr int kTailFloats = kHeadDim + (kRecordFloats - RecordField::M);  // eg; M, Tinv, b
+static_assert(RecordField::qd == RecordField::kd + kC * kHeadDim && RecordField::kr == RecordField::qd + kC * kHeadDim &&
+                  RecordField::eg == RecordField::kr + kC * kHeadDim && RecordField::A == RecordField::eg + kHeadDim &&
+                  RecordField::M == RecordField::A + kC * kC,
+              "kd, qd, kr contiguous, then eg, A, M ..");
+static_assert(RecordField::kd % 4 == 0 && kChainLd % 4 == 0 && kTailFloats % 4 == 0 && kHeadDim % 4 == 0,
+              "16-byte copies");
+constexpr int kRecSmem = 3 * kC * kChainLd + kTailFloats;
+static_assert(kRecSmem % 4 == 0, "16-byte aligned buffers");
+
+// Offsets of the record's fields in the shared copy.
 constexpr int kKd = 0;
-constexpr int kQd = RecordField::qd - RecordField::kd;
-constexpr int kKr = RecordField::kr - RecordField::kd;
-constexpr int kEg = RecordField::eg - RecordField::kd;
-constexpr int kM = RecordField::M - RecordField::kd;
-constexpr int kTinv = RecordField::Tinv - RecordField::kd;
-constexpr int kB = RecordField::b - RecordField::kd;
+constexpr int kQd = kC * kChainLd;
+constexpr int kKr = 2 * kC * kChainLd;
+constexpr int kEg = 3 * kC * kChainLd;
+constexpr int kM = kEg + kHeadDim;
+constexpr int kTinv = kM + RecordField::Tinv - RecordField::M;
+constexpr int kB = kM + RecordField::b - RecordField::M;
+
+// The warps' dU partials, [kWarps][16][32] (token rows i, value columns v), element (i, v) at
+// column v ^ part_swizzle(i): the warps' fragment stores (i = 2t or 2t + 1, v = g + const) and
+// the reduction's loads (i = q, v = 4 w + cc) meet each bank once.
+__device__ __forceinline__ int part_off(int i, int v) { return i * kChainCols + (v ^ ((i & 7) << 2)); }
 
 struct Smem {
-  float rec[2][kRecSpan];           // the current and the next chunk's record
-  float dS[kHeadDim][kSlice];       // dS of the current chunk's end, for dU
-  float dO[2][kC][kSlice];          // the current and the next chunk's d out rows
-  float dU[kC][kSlice];
-  float bdR[kC][kSlice];            // diag(b) dR
+  float rec[kStages][kRecSmem];
+  float dO[2][2][kVecTile];                // the current and the next chunk's d out rows: head, tail (vec_frag_off)
+  float part[kWarps][kC * kChainCols];     // the warps' dU partials (part_off)
+  float nbdR[2][kVecTile];                 // -diag(b) dR: head, tail (vec_frag_off)
 };
+static_assert(offsetof(Smem, dO) % 16 == 0 && offsetof(Smem, nbdR) % 16 == 0 && kVecTile % 4 == 0,
+              "fragments as 16-byte loads");
 constexpr int kSmemBytes = int(sizeof(Smem));
+static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two blocks an SM (1 KB reserved a block)");
 
-// Starts the copy of record `row` into rec (every thread a share of the 16-byte pieces).
-__device__ __forceinline__ void fetch_record(const BackwardParams& p, int64_t row, int hv, float* rec) {
-  const float* src = p.records + (row * p.value_heads + hv) * int64_t(kRecordFloats) + RecordField::kd;
-  for (int e = threadIdx.x * 4; e < kRecSpan; e += kThreads * 4)
-    ptx::cp_async_16(rec + e, src + e);
-  ptx::cp_async_commit();
+// Starts the copy of a record (src at its kd) into rec (the caller closes the group). Thread
+// tid copies the pieces at floats e = 4 tid + 1024 k from kd: k = 0..5 cover kd, qd, kr (1024
+// floats are 8 rows, so piece k sits 8 (tid / 32 + 8 k) floats further in rows of stride
+// kChainLd); then piece e of the tail, eg or (past A) M, Tinv, b. The destinations depend on
+// tid alone.
+constexpr int kPiecesPerRound = 4 * kThreads;
+static_assert(kRowFloats % kPiecesPerRound == 0 && kPiecesPerRound == 8 * kHeadDim, "whole rounds of 8 rows");
+static_assert(kTailFloats <= kPiecesPerRound, "one round of tail");
+static_assert(kChainLd - kHeadDim == 8, "8 floats of padding a row");
+__device__ __forceinline__ void fetch_record(const float* src, float* rec) {
+  const int e = 4 * int(threadIdx.x), d = e + 8 * int(threadIdx.x / 32);
+#pragma unroll
+  for (int k = 0; k < kRowFloats / kPiecesPerRound; ++k)
+    ptx::cp_async_16(rec + d + k * 8 * kChainLd, src + e + k * kPiecesPerRound);
+  if (e < kTailFloats) {
+    const int from = RecordField::eg - RecordField::kd + (e < kHeadDim ? e : e + (RecordField::M - RecordField::A));
+    ptx::cp_async_16(rec + kEg + e, src + from);
+  }
 }
 
 // A thread's two d out elements of a chunk: row i = tid / 16, columns 2 (tid % 16) and + 1 of
-// the slice; zero past the chunk's `rows` tokens.
+// the slice; zero past the chunk's `rows` tokens. The byte offset of the pair in chunk j is
+// off0 + j * chunk_stride (RowLayout::offset is linear in the token, and the sequence's
+// layout_seq is the same for all its tokens).
 struct DoPair {
   float x = 0.f, y = 0.f;
 };
-__device__ __forceinline__ DoPair load_do(const BackwardParams& p, int64_t tok0, int rows, int hv, int col0) {
+struct DoSource {
+  int64_t off0, chunk_stride;
+};
+__device__ __forceinline__ DoSource do_source(const BackwardParams& p, const SeqIndex::Span& sp, int hv, int col0) {
   const int i = threadIdx.x / 16, v = col0 + 2 * (threadIdx.x % 16);
+  const int64_t ln = layout_seq(sp.begin, p.seqs.seqlen, p.seqs.cu_seqlens != nullptr);
+  return {p.d_out_rows.offset(ln, sp.begin + i, hv) + int64_t(v) * (p.d_out_is_f32 ? 4 : 2),
+          kC * p.d_out_rows.token_stride};
+}
+__device__ __forceinline__ DoPair load_do(const BackwardParams& p, const DoSource& src, int64_t j, int rows) {
   DoPair d;
-  if (i < rows) {
-    const int64_t tok = tok0 + i;
-    const int64_t ln = layout_seq(tok, p.seqs.seqlen, p.seqs.cu_seqlens != nullptr);
-    const char* row = static_cast<const char*>(p.d_out) + p.d_out_rows.offset(ln, tok, hv);
+  if (int(threadIdx.x / 16) < rows) {
+    const char* at = static_cast<const char*>(p.d_out) + src.off0 + j * src.chunk_stride;
     if (p.d_out_is_f32) {
-      const float2 f = *reinterpret_cast<const float2*>(row + int64_t(v) * 4);
+      const float2 f = *reinterpret_cast<const float2*>(at);
       d.x = f.x;
       d.y = f.y;
     } else {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + int64_t(v) * 2));
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at));
       d.x = f.x;
       d.y = f.y;
     }
   }
   return d;
 }
+// Stores the pair, split into tf32 head and tail (chain_products.cuh), into dO[2][kVecTile].
+__device__ __forceinline__ void store_do(float (*dO)[kVecTile], const DoPair& d) {
+  const int i = threadIdx.x / 16, v = 2 * (threadIdx.x % 16);
+  tf32_split(d.x, dO[0][vec_frag_off(i, v)], dO[1][vec_frag_off(i, v)]);
+  tf32_split(d.y, dO[0][vec_frag_off(i, v + 1)], dO[1][vec_frag_off(i, v + 1)]);
+}
 
 __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   Smem& s = *reinterpret_cast<Smem*>(dynamic_smem());
   const int64_t n = blockIdx.x;
   const int hv = blockIdx.y / kSlices;
-  const int col0 = (blockIdx.y % kSlices) * kSlice;  // the slice's first value column
+  const int col0 = (blockIdx.y % kSlices) * kChainCols;  // the slice's first value column
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int c0 = 16 * warp;  // the warp's first channel
   const int64_t KV = int64_t(kHeadDim) * kHeadDim;
   const int64_t slice = (n * p.value_heads + hv) * KV;
-  const int v = col0 + lane;
+  const DeviceWarp w;
 
-  float dS[kRowsPerWarp];
+  // ds[mt][nt].x[r] is dS at channel c = c0 + 8 nt + frag_c_col(lane, r), slice column
+  // v = 16 mt + frag_c_row(lane, r).
+  FragC ds[2][2];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int c = kRowsPerWarp * warp + r;
-    dS[r] = p.d_final_state ? load_f(p.d_final_state, slice + state_elem(p.state_k_first, c, v), p.d_final_is_f32) : 0.f;
-  }
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int c = c0 + 8 * nt + frag_c_col(lane, r), v = col0 + 16 * mt + frag_c_row(lane, r);
+        ds[mt][nt].x[r] =
+            p.d_final_state ? load_f(p.d_final_state, slice + state_elem(p.state_k_first, c, v), p.d_final_is_f32) : 0.f;
+      }
 
   const SeqIndex::Span sp = p.seqs.span(n);
   const int64_t chunks = (sp.length + kC - 1) / kC;
   auto rows_of = [&](int64_t j) { return int(sp.length - j * kC < kC ? sp.length - j * kC : kC); };
-  int buf = 0;
+  // Chunk j's record (from kd on), d out pair and dS rows in the workspace, each a fixed stride
+  // per chunk from chunk 0's.
+  const float* rec_src = p.records + (sp.first_slot * p.value_heads + hv) * int64_t(kRecordFloats) + RecordField::kd;
+  const int64_t rec_stride = int64_t(p.value_heads) * kRecordFloats;
+  float* const out0 = p.dstates + (sp.first_slot * p.value_heads + hv) * KV + col0;
+  const int64_t out_stride = p.value_heads * KV;
+  const DoSource do_src = do_source(p, sp, hv, col0);
+  // Chunk j's record is in s.rec[stage], stage = (chunks - 1 - j) mod kStages; chunk j - 2's
+  // goes to stage + 2 (mod 3), the buffer chunk j + 1 has left.
+  int stage = 0;
+  // Two chunks ahead: one cp.async group per chunk (an empty one past the first chunk, so that
+  // every step waits for the same count), d out rows through `pend` (the next chunk's).
+  DoPair pend;
   if (chunks > 0) {
-    fetch_record(p, sp.first_slot + chunks - 1, hv, s.rec[0]);
-    const DoPair d = load_do(p, sp.begin + (chunks - 1) * kC, rows_of(chunks - 1), hv, col0);
-    s.dO[0][threadIdx.x / 16][2 * (threadIdx.x % 16)] = d.x;
-    s.dO[0][threadIdx.x / 16][2 * (threadIdx.x % 16) + 1] = d.y;
+    fetch_record(rec_src + (chunks - 1) * rec_stride, s.rec[0]);
+    ptx::cp_async_commit();
+    if (chunks > 1) fetch_record(rec_src + (chunks - 2) * rec_stride, s.rec[1]);
+    ptx::cp_async_commit();
+    store_do(s.dO[(chunks - 1) & 1], load_do(p, do_src, chunks - 1, rows_of(chunks - 1)));
+    if (chunks > 1) pend = load_do(p, do_src, chunks - 2, rows_of(chunks - 2));
   }
   for (int64_t j = chunks - 1; j >= 0; --j) {
-    // dS of this chunk's end: to shared memory for dU, and to the workspace for chunk_grad.
-    float* out = p.dstates + ((sp.first_slot + j) * p.value_heads + hv) * KV;
+    // dS of this chunk's end to the workspace, for chunk_grad: per store, four channel rows of
+    // 32 contiguous bytes.
+    float* out = out0 + j * out_stride;
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int c = kRowsPerWarp * warp + r;
-      s.dS[c][lane] = dS[r];
-      out[int64_t(c) * kHeadDim + v] = dS[r];
-    }
-    ptx::cp_async_wait<0>();
-    __syncthreads();  // record j, d out rows j and dS visible to all
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          out[(c0 + 8 * nt + frag_c_col(lane, r)) * kHeadDim + 16 * mt + frag_c_row(lane, r)] = ds[mt][nt].x[r];
+    ptx::cp_async_wait<1>();  // this chunk's group; the next one's may still be in flight
+    __syncthreads();          // record j and d out rows j visible to all; the last step's reads done
 
-    // The next chunk's (j - 1) record and d out rows start loading.
-    DoPair next;
-    if (j > 0) {
-      fetch_record(p, sp.first_slot + j - 1, hv, s.rec[buf ^ 1]);
-      next = load_do(p, sp.begin + (j - 1) * kC, rows_of(j - 1), hv, col0);
+    // Chunk j - 2's record and d out rows start loading.
+    DoPair fresh;
+    if (j >= 2) {
+      fetch_record(rec_src + (j - 2) * rec_stride, s.rec[stage == 0 ? kStages - 1 : stage - 1]);
+      fresh = load_do(p, do_src, j - 2, rows_of(j - 2));
     }
-    const float* rec = s.rec[buf];
-    const float(*dO)[kSlice] = s.dO[buf];
+    ptx::cp_async_commit();
+    const float* rec = s.rec[stage];
+    const float* dOhi = s.dO[j & 1][0];
+    const float* dOlo = s.dO[j & 1][1];
 
-    // dU_i = sum_c kr_ic dS_c + sum_{m >= i} M_mi dO_m, rows i = warp and warp + 8: each dS load
-    // serves both, kr comes 4 channels a load (the warp's lanes read the same address), and
-    // each row sums in four partial sums (channel c mod 4), added in a fixed order at the end,
-    // so that the dependent chains are a quarter as long.
+    // 1. The warp's dU partial, from dS before the update.
     {
-      const int i0 = warp, i1 = warp + kWarps;
-      float a0[4] = {}, a1[4] = {};
-#pragma unroll 4
-      for (int c = 0; c < kHeadDim; c += 4) {
-        const float4 k0 = *reinterpret_cast<const float4*>(rec + kKr + i0 * kHeadDim + c);
-        const float4 k1 = *reinterpret_cast<const float4*>(rec + kKr + i1 * kHeadDim + c);
-        const float d0 = s.dS[c][lane], d1 = s.dS[c + 1][lane], d2 = s.dS[c + 2][lane], d3 = s.dS[c + 3][lane];
-        a0[0] += k0.x * d0;
-        a0[1] += k0.y * d1;
-        a0[2] += k0.z * d2;
-        a0[3] += k0.w * d3;
-        a1[0] += k1.x * d0;
-        a1[1] += k1.y * d1;
-        a1[2] += k1.z * d2;
-        a1[3] += k1.w * d3;
+      FragB bkr[2][2];
+      chain_load_b_kr(w, bkr, rec + kKr, c0);
+      FragC part[2][2];
+      chain_dU_partial(w, part, ds, bkr, warp, dOhi, dOlo, rec + kM);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            s.part[warp][part_off(8 * nt + frag_c_col(lane, r), 16 * mt + frag_c_row(lane, r))] = part[mt][nt].x[r];
+    }
+    // dS^T <- dS^T diag(eg) + dO^T qd, while the other warps finish their partials.
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float e = rec[kEg + c0 + 8 * nt + frag_c_col(lane, r)];
+        ds[0][nt].x[r] *= e;
+        ds[1][nt].x[r] *= e;
       }
-      float u0 = (a0[0] + a0[1]) + (a0[2] + a0[3]), u1 = (a1[0] + a1[1]) + (a1[2] + a1[3]);
-      for (int m = i0; m < kC; ++m) u0 += rec[kM + m * kC + i0] * dO[m][lane];
-      for (int m = i1; m < kC; ++m) u1 += rec[kM + m * kC + i1] * dO[m][lane];
-      s.dU[i0][lane] = u0;
-      s.dU[i1][lane] = u1;
+    FragB bkd[2][2];
+    {
+      FragA ahi[2][2], alo[2][2];
+      FragB bqd[2][2];
+      chain_load_a_vec_T(w, ahi, dOhi);
+      chain_load_a_vec_T(w, alo, dOlo);
+      chain_load_b_rows(w, bqd, rec + kQd, c0);
+      chain_mma_a(w, ds, ahi, alo, bqd);
+      chain_load_b_rows(w, bkd, rec + kKd, c0);
     }
     __syncthreads();
-    // diag(b) dR, dR_i = sum_{m >= i} Tinv_mi dU_m.
+
+    // 2. dU rows q and q + 8 of slice column v (the eight partials in a fixed order), the
+    // column's 16 dU values through shuffles among its 8 lanes, dR_i = sum_{m >= i} Tinv_mi dU_m
+    // (Tinv is zero above the diagonal) and -b_i dR_i.
+    {
+      const int q = lane & 7, v = 4 * warp + lane / 8;
+      float lo[kWarps], hi[kWarps];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = warp + kWarps * h;
-      float acc = 0.f;
-      for (int m = i; m < kC; ++m) acc += rec[kTinv + m * kC + i] * s.dU[m][lane];
-      s.bdR[i][lane] = rec[kB + i] * acc;
+      for (int u = 0; u < kWarps; ++u) {
+        lo[u] = s.part[u][part_off(q, v)];
+        hi[u] = s.part[u][part_off(q + 8, v)];
+      }
+      const float ulo = ((lo[0] + lo[1]) + (lo[2] + lo[3])) + ((lo[4] + lo[5]) + (lo[6] + lo[7]));
+      const float uhi = ((hi[0] + hi[1]) + (hi[2] + hi[3])) + ((hi[4] + hi[5]) + (hi[6] + hi[7]));
+      float rlo[2] = {0.f, 0.f}, rhi[2] = {0.f, 0.f};
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {
+        const float xl = __shfl_sync(0xffffffffu, ulo, (lane & 24) | m);
+        const float xh = __shfl_sync(0xffffffffu, uhi, (lane & 24) | m);
+        rlo[m & 1] += rec[kTinv + m * kC + q] * xl;
+        rlo[m & 1] += rec[kTinv + (m + 8) * kC + q] * xh;
+        rhi[m & 1] += rec[kTinv + (m + 8) * kC + q + 8] * xh;
+      }
+      tf32_split(-rec[kB + q] * (rlo[0] + rlo[1]), s.nbdR[0][vec_frag_off(q, v)], s.nbdR[1][vec_frag_off(q, v)]);
+      tf32_split(-rec[kB + q + 8] * (rhi[0] + rhi[1]), s.nbdR[0][vec_frag_off(q + 8, v)],
+                 s.nbdR[1][vec_frag_off(q + 8, v)]);
     }
     __syncthreads();
-    // dS <- diag(eg) dS + qd^T dO - kd^T diag(b) dR.
-    float o[kC], bdr[kC];
-#pragma unroll
-    for (int i = 0; i < kC; ++i) {
-      o[i] = dO[i][lane];
-      bdr[i] = s.bdR[i][lane];
+
+    // 3. dS^T += (-diag(b) dR)^T kd.
+    {
+      FragA ahi[2][2], alo[2][2];
+      chain_load_a_vec_T(w, ahi, s.nbdR[0]);
+      chain_load_a_vec_T(w, alo, s.nbdR[1]);
+      chain_mma_a(w, ds, ahi, alo, bkd);
     }
-    // The warp's 16 rows are contiguous channels: qd, kd and eg come 4 rows a load. The qd^T dO
-    // and kd^T diag(b) dR sums run apart (chains half as long) and meet at the end.
-    const int c0 = kRowsPerWarp * warp;
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; r += 4) {
-      const float4 e = *reinterpret_cast<const float4*>(rec + kEg + c0 + r);
-      float4 aq = make_float4(0.f, 0.f, 0.f, 0.f), ak = aq;
-#pragma unroll
-      for (int i = 0; i < kC; ++i) {
-        const float4 qd = *reinterpret_cast<const float4*>(rec + kQd + i * kHeadDim + c0 + r);
-        const float4 kd = *reinterpret_cast<const float4*>(rec + kKd + i * kHeadDim + c0 + r);
-        aq.x += qd.x * o[i];
-        aq.y += qd.y * o[i];
-        aq.z += qd.z * o[i];
-        aq.w += qd.w * o[i];
-        ak.x += kd.x * bdr[i];
-        ak.y += kd.y * bdr[i];
-        ak.z += kd.z * bdr[i];
-        ak.w += kd.w * bdr[i];
-      }
-      dS[r] = e.x * dS[r] + (aq.x - ak.x);
-      dS[r + 1] = e.y * dS[r + 1] + (aq.y - ak.y);
-      dS[r + 2] = e.z * dS[r + 2] + (aq.z - ak.z);
-      dS[r + 3] = e.w * dS[r + 3] + (aq.w - ak.w);
-    }
-    if (j > 0) {
-      s.dO[buf ^ 1][threadIdx.x / 16][2 * (threadIdx.x % 16)] = next.x;
-      s.dO[buf ^ 1][threadIdx.x / 16][2 * (threadIdx.x % 16) + 1] = next.y;
-    }
-    buf ^= 1;
+    if (j >= 1) store_do(s.dO[(j - 1) & 1], pend);  // read from the next step on
+    pend = fresh;
+    stage = stage == kStages - 1 ? 0 : stage + 1;
   }
+  ptx::cp_async_wait<0>();  // no copy outlives the block (the trailing groups are empty)
 
   if (p.d_initial_state)
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int c = kRowsPerWarp * warp + r;
-      store_f(p.d_initial_state, slice + state_elem(p.state_k_first, c, v), dS[r], p.d_initial_is_f32);
-    }
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int c = c0 + 8 * nt + frag_c_col(lane, r), v = col0 + 16 * mt + frag_c_row(lane, r);
+          store_f(p.d_initial_state, slice + state_elem(p.state_k_first, c, v), ds[mt][nt].x[r], p.d_initial_is_f32);
+        }
 }
 
 }  // namespace

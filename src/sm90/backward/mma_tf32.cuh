@@ -47,6 +47,14 @@ struct FragC {
   float x[4];
 };
 
+/// An accumulator tile (16 x 8) as the A operand (16 x 8) of a further product, with no data
+/// movement: the lane's c0, c1, c2, c3 (rows g, g + 8; columns 2t, 2t + 1) become a0, a2, a1,
+/// a3 (rows g, g + 8; k = t, t + 4), so A's k is the accumulator's column kperm(k). A sum over
+/// k is a sum over the columns in that order: the B operand's k rows are read permuted alike.
+FKDA_HOST_DEVICE FragA frag_a_of_c(const FragC& c) { return FragA{{c.x[0], c.x[2], c.x[1], c.x[3]}}; }
+/// The accumulator column that A's k (0..7) is in frag_a_of_c.
+FKDA_HOST_DEVICE int frag_kperm(int k) { return k < 4 ? 2 * k : 2 * (k - 4) + 1; }
+
 /// x rounded to tf32 (10 mantissa bits) to nearest, ties away from zero (ptx::tf32 rounds ties to
 /// even: the two differ only on exact ties), for finite x: the host form of the device conversion.
 inline float tf32_round_host(float x) {
@@ -89,6 +97,19 @@ struct DeviceWarp {
 #pragma unroll
     for (int r = 0; r < 4; ++r) c.x[r] += x.x[r];
   }
+  /// This lane's A fragment stored as 4 consecutive floats a lane (f 16-byte aligned: 128
+  /// floats a fragment, lane l's at f + 4 l).
+  __device__ __forceinline__ A load_a_packed(const float* f) const {
+    const float4 x = *reinterpret_cast<const float4*>(f + 4 * int(threadIdx.x & 31));
+    return A{{x.x, x.y, x.z, x.w}};
+  }
+  /// The accumulator tile c as an A operand (frag_a_of_c).
+  __device__ __forceinline__ A a_of_c(const C& c) const { return frag_a_of_c(c); }
+  /// c += x where `on`, else c unchanged.
+  __device__ __forceinline__ void add_c_if(C& c, const C& x, bool on) const {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) c.x[r] += on ? x.x[r] : 0.f;
+  }
   /// c += a b with a and b rounded to tf32.
   __device__ __forceinline__ void mma(C& c, const A& a, const B& b) const {
     const uint32_t ua[4] = {ptx::tf32(a.x[0]), ptx::tf32(a.x[1]), ptx::tf32(a.x[2]), ptx::tf32(a.x[3])};
@@ -114,7 +135,32 @@ struct DeviceWarp {
     ptx::mma_tf32(c.x, ah, bl);
     ptx::mma_tf32(c.x, ah, bh);
   }
+  /// mma_split with A already split (tf32_split: hi and lo exact tf32 numbers), for an operand
+  /// that several warps read: split once where it is written rather than by every reader.
+  __device__ __forceinline__ void mma_split_a(C& c, const A& hi, const A& lo, const B& b) const {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      ah[r] = __float_as_uint(hi.x[r]);
+      al[r] = __float_as_uint(lo.x[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      bh[r] = ptx::tf32(b.x[r]);
+      bl[r] = ptx::tf32(b.x[r] - __uint_as_float(bh[r] & 0xffffe000u));
+    }
+    ptx::mma_tf32(c.x, al, bh);
+    ptx::mma_tf32(c.x, ah, bl);
+    ptx::mma_tf32(c.x, ah, bh);
+  }
 };
+
+/// x as a tf32 head and tail, both exact tf32 numbers (low 13 bits zero): hi + lo is x to
+/// about 2^-22 of x, the split mma_split makes.
+__device__ __forceinline__ void tf32_split(float x, float& hi, float& lo) {
+  hi = __uint_as_float(ptx::tf32(x) & 0xffffe000u);
+  lo = __uint_as_float(ptx::tf32(x - hi) & 0xffffe000u);
+}
 
 #endif  // FKDA_BWD_DEVICE_WARP
 
