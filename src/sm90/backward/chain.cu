@@ -36,9 +36,9 @@
 // dR fragments (every warp reads all of them) and the partials to add. 114,880 B of shared
 // memory and 99 registers: two blocks an SM when there are more blocks than SMs.
 #include "sm90/backward/chain_products.cuh"
-#include "sm90/backward/chunk_load.cuh"
 #include "sm90/backward/kernels.h"
 #include "sm90/backward/records.h"
+#include "sm90/backward/state_access.cuh"
 #include "sm90/common/launch_config.h"
 #include "sm90/common/ptx.cuh"
 

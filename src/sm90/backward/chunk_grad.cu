@@ -35,9 +35,9 @@
 // halves meet through shared memory in a fixed order, and the parity-0 thread writes dq, dk and
 // da (the reverse cumulative sum of dG, with GC's own terms on the last token).
 #include "sm90/backward/chunk_grad_products.cuh"
-#include "sm90/backward/chunk_load.cuh"
 #include "sm90/backward/kernels.h"
 #include "sm90/backward/records.h"
+#include "sm90/backward/state_access.cuh"
 #include "sm90/common/launch_config.h"
 #include "sm90/common/ptx.cuh"
 
