@@ -36,13 +36,12 @@ __device__ void finish_key(const BackwardParams& p, const void* x, const RowLayo
   static_cast<__nv_bfloat16*>(out)[(tok * p.heads + h) * kHeadDim + c] = __float2bfloat16_rn(dx);
 }
 
-// One block per (token, q/k head): grid-stride over the tokens on x, the head on y.
 __global__ void __launch_bounds__(kThreads) finish_keys_kernel(BackwardParams p) {
   __shared__ float scratch[kThreads / 32];
   const bool varlen = p.seqs.cu_seqlens != nullptr;
   for (int64_t tok = blockIdx.x; tok < p.total_tokens; tok += gridDim.x) {
     const int64_t ln = layout_seq(tok, p.seqs.seqlen, varlen);
-    for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
+    for (int h = 0; h < p.heads; ++h) {
       finish_key(p, p.q, p.q_rows, p.dq_hat, p.dq, tok, ln, h, scratch);
       finish_key(p, p.k, p.k_rows, p.dk_hat, p.dk, tok, ln, h, scratch);
     }
@@ -114,7 +113,6 @@ cudaError_t launch_finish(const BackwardParams& p, cudaStream_t stream) {
   if (p.total_tokens > 0) {
     KernelLaunch k;
     k.grid_x = unsigned(p.total_tokens < (int64_t{1} << 20) ? p.total_tokens : (int64_t{1} << 20));
-    k.grid_y = unsigned(p.heads);
     k.block = kThreads;
     if (const cudaError_t e = launch_planned<finish_keys_kernel>(k, 0, p, stream); e != cudaSuccess) return e;
     k.grid_x = unsigned((p.total_tokens + kFinishTokens - 1) / kFinishTokens);

@@ -21,15 +21,14 @@ __global__ void offsets_kernel(BackwardParams p) {
   if (n <= p.seqs.num_seqs) p.offsets[n] = p.seqs.first_slot(n);
 }
 
-// One block per (token, head) (grid-stride over the tokens on x): q/k head blockIdx.y when it is
-// below H, value head blockIdx.y when it is below HV (grid y = max(H, HV)).
+// One block per token (grid-stride): the H q/k heads, then the HV value heads.
 __global__ void __launch_bounds__(kThreads) prepare_kernel(BackwardParams p) {
   __shared__ float scratch[kThreads / 32];
   const int c = threadIdx.x;
   const bool varlen = p.seqs.cu_seqlens != nullptr;
   for (int64_t tok = blockIdx.x; tok < p.total_tokens; tok += gridDim.x) {
     const int64_t n = layout_seq(tok, p.seqs.seqlen, varlen);
-    for (int h = blockIdx.y; h < p.heads; h += gridDim.y) {
+    for (int h = 0; h < p.heads; ++h) {
       const char* qrow = static_cast<const char*>(p.q) + p.q_rows.offset(n, tok, h);
       const char* krow = static_cast<const char*>(p.k) + p.k_rows.offset(n, tok, h);
       float q = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(qrow)[c]);
@@ -41,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(BackwardParams p) {
       p.q_hat[(tok * p.heads + h) * kHeadDim + c] = q;
       p.k_hat[(tok * p.heads + h) * kHeadDim + c] = k;
     }
-    for (int hv = blockIdx.y; hv < p.value_heads; hv += gridDim.y) {
+    for (int hv = 0; hv < p.value_heads; ++hv) {
       const float g = load_f_at(p.g, p.g_rows.offset(n, tok, hv) + int64_t(c) * (p.g_is_f32 ? 4 : 2), p.g_is_f32);
       float a = g;
       if (p.gate != GateMode::PreGated) {
@@ -73,7 +72,6 @@ cudaError_t launch_prepare(const BackwardParams& p, cudaStream_t stream) {
   if (p.total_tokens == 0) return cudaSuccess;
   KernelLaunch k;
   k.grid_x = unsigned(p.total_tokens < (int64_t{1} << 20) ? p.total_tokens : (int64_t{1} << 20));
-  k.grid_y = unsigned(p.heads > p.value_heads ? p.heads : p.value_heads);
   k.block = kThreads;
   return launch_planned<prepare_kernel>(k, 0, p, stream);
 }
