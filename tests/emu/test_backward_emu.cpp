@@ -168,6 +168,11 @@ std::vector<BackwardCase> cases() {
   c.pregated_min = -5.0;
   c.qk_std = 0.3;
   v.push_back({"pregated_no_norm", c, DType::BF16, false});
+  c = KdaConfig{};
+  c.batch = 1;
+  c.seqlen = 200;  // 13 chunks: the chain's record ring wraps around several times
+  c.heads = c.value_heads = 1;
+  v.push_back({"long_t200", c});
   return v;
 }
 
