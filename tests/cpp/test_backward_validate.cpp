@@ -247,6 +247,51 @@ TEST(BackwardValidate, OverlappingGradientsAreNamed) {
   }
 }
 
+#if FLASH_KDA_WITH_CUDA
+std::string error_message(const BackwardArgs& a) {
+  try {
+    flash_kda::validate_backward(a);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(BackwardValidate, Sm90RowsAreSixteenByteAligned) {
+  {  // fp32 d_out 4 bytes off a 16-byte boundary: element aligned, rows not
+    BackwardCall c(gpu_spec());
+    c.a.d_out.data = static_cast<char*>(c.a.d_out.data) + 4;
+    EXPECT_EQ(error_argument(c.a), "d_out");
+    EXPECT_NE(error_message(c.a).find("16-byte"), std::string::npos) << error_message(c.a);
+  }
+  {  // a token stride of 2 fp32 elements past the packed one: 8-byte rows
+    BackwardCall c(gpu_spec());
+    c.a.d_out.strides[0] += 2 * c.a.d_out.shape[1];
+    c.a.d_out.strides[1] += 2;
+    EXPECT_EQ(error_argument(c.a), "d_out");
+    EXPECT_NE(error_message(c.a).find("multiple of 16 bytes"), std::string::npos) << error_message(c.a);
+  }
+  {  // a bf16 dv 2 bytes off: its pairs of elements would be misaligned stores
+    BackwardCall c(gpu_spec());
+    c.a.dv.data = static_cast<char*>(c.a.dv.data) + 2;
+    EXPECT_EQ(error_argument(c.a), "dv");
+    EXPECT_NE(error_message(c.a).find("16-byte"), std::string::npos) << error_message(c.a);
+  }
+}
+
+TEST(BackwardValidate, ValueHeadsFitTheChainsGrid) {
+  Spec s = gpu_spec();
+  s.H = 1;
+  s.HV = 16384;  // 4 chain blocks per value head: 65536 > 65535 on grid y
+  s.T = 16;
+  BackwardCall c(s);
+  EXPECT_EQ(error_argument(c.a), "v");
+  s.HV = 16383;
+  BackwardCall ok(s);
+  EXPECT_EQ(error_argument(ok.a), "");
+}
+#endif
+
 TEST(BackwardValidate, ForwardErrorsComeFirst) {
   BackwardCall c(gpu_spec());
   c.a.forward.lower_bound = 1.0;

@@ -37,6 +37,7 @@
 // memory and 99 registers: two blocks an SM when there are more blocks than SMs.
 #include "sm90/backward/chain_products.cuh"
 #include "sm90/backward/kernels.h"
+#include "sm90/backward/layout.h"
 #include "sm90/backward/records.h"
 #include "sm90/backward/state_access.cuh"
 #include "sm90/common/launch_config.h"
@@ -46,6 +47,7 @@ namespace flash_kda::sm90::bwd {
 namespace {
 
 constexpr int kSlices = kHeadDim / kChainCols;  // blocks per (sequence, value head)
+static_assert(kSlices == kChainSlices, "validate_backward bounds HV by layout.h's kChainSlices");
 constexpr int kThreads = 256;                   // 8 warps
 constexpr int kWarps = kThreads / 32;
 static_assert(kWarps * 16 == kHeadDim, "a warp owns 16 channels");

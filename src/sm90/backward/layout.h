@@ -14,6 +14,10 @@ namespace flash_kda::sm90::bwd {
 /// tokens first (partials in the workspace), then over the blocks in order (reduce kernel).
 inline constexpr int64_t kFinishTokens = 64;
 
+/// Blocks of the chain per value head (chain.cu: one per 32 value columns), on grid y: the
+/// backward takes at most 65535 / kChainSlices value heads (validate_backward says so).
+inline constexpr int64_t kChainSlices = 4;
+
 /// Byte offsets of every workspace buffer (each 256-byte aligned) and the total. R = N +
 /// ceil(T_total / 16) chunk rows: chunk c of sequence n is row n + floor(start_n / 16) + c
 /// (SeqIndex's slot), so rows never collide and need no scan over the sequences.
