@@ -38,7 +38,9 @@ namespace flash_kda {
 /// dt_bias, d_initial_state like initial_state); dA_log and ddt_bias are therefore fp32. On
 /// the Sm90 target (backward()) d_out and d_final_state are bf16 or fp32; reference_backward
 /// also takes fp64 for d_out, d_final_state and every gradient output. Every gradient tensor is
-/// on q's device, element aligned.
+/// on q's device, element aligned; on the Sm90 target d_out, dq, dk, dv and dg also have
+/// 16-byte aligned data and rows (the rule of the forward's activations), and HV is at most
+/// 16383.
 ///
 /// dq and dk are the gradients of the raw q and k (through the L2 norm when use_qk_l2norm),
 /// summed over the HV / H value heads that share each q/k head (GVA); dg of the raw g (through
@@ -68,7 +70,8 @@ ProblemShape validate_backward(const BackwardArgs& args);
 /// Bytes of device workspace backward() needs for `args` (a multiple of 256). Depends on the
 /// shapes alone. Throws like validate_backward. Dominated by two fp32 states per 16-token chunk
 /// and value head (the recomputed chunk-start states and their gradients): about
-/// 8 (N + T_total / 16) HV K V bytes, plus ~26 T_total HV K bytes of per-token fp32 scratch
+/// 8 (N + T_total / 16) HV K V bytes, plus 36,416 (N + T_total / 16) HV bytes of chunk records
+/// (src/sm90/backward/records.h), plus ~26 T_total HV K bytes of per-token fp32 scratch
 /// (H = HV) and forward_workspace_size; the exact layout is src/sm90/backward/layout.h.
 size_t backward_workspace_size(const BackwardArgs& args);
 
