@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "flash_kda/flash_kda.h"
 #include "test_validate_helpers.h"
@@ -58,14 +59,17 @@ Spec gpu_spec() {
   return s;
 }
 
-std::string error_argument(const BackwardArgs& a) {
+/// The argument and the message of validate_backward's error for `a` (both empty when it passes).
+std::pair<std::string, std::string> error_of(const BackwardArgs& a) {
   try {
     flash_kda::validate_backward(a);
   } catch (const Error& e) {
-    return e.argument();
+    return {e.argument(), e.what()};
   }
-  return "";
+  return {};
 }
+
+std::string error_argument(const BackwardArgs& a) { return error_of(a).first; }
 
 TEST(BackwardValidate, AValidCallPasses) {
   BackwardCall c(gpu_spec());
@@ -248,14 +252,7 @@ TEST(BackwardValidate, OverlappingGradientsAreNamed) {
 }
 
 #if FLASH_KDA_WITH_CUDA
-std::string error_message(const BackwardArgs& a) {
-  try {
-    flash_kda::validate_backward(a);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string error_message(const BackwardArgs& a) { return error_of(a).second; }
 
 TEST(BackwardValidate, Sm90RowsAreSixteenByteAligned) {
   {  // fp32 d_out 4 bytes off a 16-byte boundary: element aligned, rows not
