@@ -145,6 +145,9 @@ std::vector<FdCase> cases() {
   c.value_heads = 2;
   c.with_initial_state = false;
   v.push_back({"softplus_no_initial_state", c});
+  c = small(GateMode::Softplus);
+  c.g_mean = 4.0;  // a ~ -4 to -64 a token: every factor of a chunk but the nearest underflows
+  v.push_back({"softplus_strong_decay", c});
   return v;
 }
 

@@ -173,6 +173,26 @@ std::vector<BackwardCase> cases() {
   c.seqlen = 200;  // 13 chunks: the chain's record ring wraps around several times
   c.heads = c.value_heads = 1;
   v.push_back({"long_t200", c});
+  c = KdaConfig{};
+  c.seqlens = {1, 16, 17, 0, 33};  // a one-token, a whole-chunk and a one-past-a-chunk sequence
+  c.heads = 1;
+  c.value_heads = 2;
+  c.cu_dtype = DType::I32;
+  v.push_back({"varlen_chunk_edges_gva_i32", c});
+  c = KdaConfig{};
+  c.batch = 1;
+  c.seqlen = 40;
+  c.heads = c.value_heads = 1;
+  c.gate = GateMode::Softplus;
+  c.g_mean = 2.0;  // softplus(g) ~ 2 with A_log up to log 16: decays down to ~-34 a token
+  v.push_back({"softplus_strong_decay", c});
+  c = KdaConfig{};
+  c.batch = 1;
+  c.seqlen = 40;
+  c.heads = c.value_heads = 1;
+  c.gate = GateMode::PreGated;
+  c.pregated_min = -60.0;  // log decays U(-60, 0) a token
+  v.push_back({"pregated_strong_decay", c});
   return v;
 }
 
