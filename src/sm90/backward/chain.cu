@@ -164,18 +164,18 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   const DeviceWarp w;
 
   // ds[mt][nt].x[r] is dS at channel c = c0 + 8 nt + frag_c_col(lane, r), slice column
-  // v = 16 mt + frag_c_row(lane, r).
+  // v = 16 mt + frag_c_row(lane, r): element state_at(mt, nt, r) of a state in the call's layout.
+  const auto state_at = [&](int mt, int nt, int r) {
+    return slice + state_elem(p.state_k_first, c0 + 8 * nt + frag_c_col(lane, r), col0 + 16 * mt + frag_c_row(lane, r));
+  };
   FragC ds[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int c = c0 + 8 * nt + frag_c_col(lane, r), v = col0 + 16 * mt + frag_c_row(lane, r);
-        ds[mt][nt].x[r] =
-            p.d_final_state ? load_f(p.d_final_state, slice + state_elem(p.state_k_first, c, v), p.d_final_is_f32) : 0.f;
-      }
+      for (int r = 0; r < 4; ++r)
+        ds[mt][nt].x[r] = p.d_final_state ? load_f(p.d_final_state, state_at(mt, nt, r), p.d_final_is_f32) : 0.f;
 
   const SeqIndex::Span sp = p.seqs.span(n);
   const int64_t chunks = (sp.length + kC - 1) / kC;
@@ -308,10 +308,8 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int c = c0 + 8 * nt + frag_c_col(lane, r), v = col0 + 16 * mt + frag_c_row(lane, r);
-          store_f(p.d_initial_state, slice + state_elem(p.state_k_first, c, v), ds[mt][nt].x[r], p.d_initial_is_f32);
-        }
+        for (int r = 0; r < 4; ++r)
+          store_f(p.d_initial_state, state_at(mt, nt, r), ds[mt][nt].x[r], p.d_initial_is_f32);
 }
 
 }  // namespace

@@ -120,30 +120,31 @@ struct DeviceWarp {
   /// tail, c += a_tail b_head + a_head b_tail + a_head b_head (the tail product is below fp32's
   /// rounding and is dropped).
   __device__ __forceinline__ void mma_split(C& c, const A& a, const B& b) const {
-    uint32_t ah[4], al[4], bh[2], bl[2];
+    uint32_t ah[4], al[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       ah[r] = ptx::tf32(a.x[r]);
       al[r] = ptx::tf32(a.x[r] - __uint_as_float(ah[r] & 0xffffe000u));  // tf32() leaves the low bits open
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      bh[r] = ptx::tf32(b.x[r]);
-      bl[r] = ptx::tf32(b.x[r] - __uint_as_float(bh[r] & 0xffffe000u));
-    }
-    ptx::mma_tf32(c.x, al, bh);
-    ptx::mma_tf32(c.x, ah, bl);
-    ptx::mma_tf32(c.x, ah, bh);
+    mma_split_b(c, ah, al, b);
   }
   /// mma_split with A already split (tf32_split: hi and lo exact tf32 numbers), for an operand
   /// that several warps read: split once where it is written rather than by every reader.
   __device__ __forceinline__ void mma_split_a(C& c, const A& hi, const A& lo, const B& b) const {
-    uint32_t ah[4], al[4], bh[2], bl[2];
+    uint32_t ah[4], al[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       ah[r] = __float_as_uint(hi.x[r]);
       al[r] = __float_as_uint(lo.x[r]);
     }
+    mma_split_b(c, ah, al, b);
+  }
+
+ private:
+  /// The 3xTF32 products of a split A (head ah, tail al) and b, split here.
+  __device__ __forceinline__ static void mma_split_b(C& c, const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                                     const B& b) {
+    uint32_t bh[2], bl[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       bh[r] = ptx::tf32(b.x[r]);
