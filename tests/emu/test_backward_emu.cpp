@@ -123,73 +123,52 @@ TEST_P(BackwardEmu, MatchesReference) {
               ms(t_end - t_start));
 }
 
+/// B sequences of T tokens, one head (H = HV = 1), the default gate and states.
+KdaConfig fixed(int64_t B, int64_t T) {
+  KdaConfig c;
+  c.batch = B;
+  c.seqlen = T;
+  c.heads = c.value_heads = 1;
+  return c;
+}
+
 std::vector<BackwardCase> cases() {
   std::vector<BackwardCase> v;
-  KdaConfig c;
-  c.batch = 2;
-  c.seqlen = 17;
-  c.heads = c.value_heads = 1;
+  KdaConfig c = fixed(2, 17);
   c.qk_std = 0.3;  // |k| <~ 1 without the L2 norm
   c.beta_logits = false;
   v.push_back({"fixed_b2_t17_no_norm", c, DType::BF16, false});
-  c = KdaConfig{};
-  c.batch = 1;
-  c.seqlen = 40;
-  c.heads = 1;
+  c = fixed(1, 40);
   c.value_heads = 2;  // GVA: G = 2
   v.push_back({"gva_t40", c});
-  c = KdaConfig{};
+  c = fixed(1, 0);
   c.seqlens = {17, 0, 23};
-  c.heads = c.value_heads = 1;
   v.push_back({"varlen_empty", c});
-  c = KdaConfig{};
-  c.batch = 1;
-  c.seqlen = 20;
-  c.heads = c.value_heads = 1;
-  v.push_back({"safe_gate_norm_sigmoid_neg_eigval", c, DType::BF16, true, true});
-  c = KdaConfig{};
-  c.batch = 2;
-  c.seqlen = 1;
-  c.heads = c.value_heads = 1;
+  v.push_back({"safe_gate_norm_sigmoid_neg_eigval", fixed(1, 20), DType::BF16, true, true});
+  c = fixed(2, 1);
   c.gate = GateMode::Softplus;
   v.push_back({"softplus_t1", c});
-  c = KdaConfig{};
-  c.batch = 1;
-  c.seqlen = 17;
-  c.heads = c.value_heads = 1;
+  c = fixed(1, 17);
   c.state_dtype = DType::BF16;
   c.state_layout = StateLayout::KFirst;
   v.push_back({"kfirst_bf16_states_fp32_d_out", c, DType::F32});
-  c = KdaConfig{};
-  c.batch = 1;
-  c.seqlen = 40;
-  c.heads = c.value_heads = 1;
+  c = fixed(1, 40);
   c.gate = GateMode::PreGated;
   c.pregated_min = -5.0;
   c.qk_std = 0.3;
   v.push_back({"pregated_no_norm", c, DType::BF16, false});
-  c = KdaConfig{};
-  c.batch = 1;
-  c.seqlen = 200;  // 13 chunks: the chain's record ring wraps around several times
-  c.heads = c.value_heads = 1;
-  v.push_back({"long_t200", c});
-  c = KdaConfig{};
+  // 13 chunks: the chain's record ring wraps around several times.
+  v.push_back({"long_t200", fixed(1, 200)});
+  c = fixed(1, 0);
   c.seqlens = {1, 16, 17, 0, 33};  // a one-token, a whole-chunk and a one-past-a-chunk sequence
-  c.heads = 1;
   c.value_heads = 2;
   c.cu_dtype = DType::I32;
   v.push_back({"varlen_chunk_edges_gva_i32", c});
-  c = KdaConfig{};
-  c.batch = 1;
-  c.seqlen = 40;
-  c.heads = c.value_heads = 1;
+  c = fixed(1, 40);
   c.gate = GateMode::Softplus;
   c.g_mean = 2.0;  // softplus(g) ~ 2 with A_log up to log 16: decays down to ~-34 a token
   v.push_back({"softplus_strong_decay", c});
-  c = KdaConfig{};
-  c.batch = 1;
-  c.seqlen = 40;
-  c.heads = c.value_heads = 1;
+  c = fixed(1, 40);
   c.gate = GateMode::PreGated;
   c.pregated_min = -60.0;  // log decays U(-60, 0) a token
   v.push_back({"pregated_strong_decay", c});
