@@ -22,7 +22,7 @@
 #
 # Knobs (environment): GPU_CHECK_STEPS (a comma list of the steps to run, e.g.
 # ctest,sanitize,pytest-gpu for one device call and pytest-rest,pytest-backward,pytest-gpu-large
-# for the next: the whole suite no longer fits one 10-minute call), GPU_CHECK_BUDGET_S (whole-run deadline, default 560), GPU_CHECK_SKIP_BUILD=1
+# for the next: the whole suite does not fit one 10-minute call), GPU_CHECK_BUDGET_S (whole-run deadline, default 560), GPU_CHECK_SKIP_BUILD=1
 # (reuse the installed package and build-gpucheck/), GPU_CHECK_PYTEST_ARGS (extra pytest args),
 # GPU_CHECK_SKIP_BENCH=1, GPU_CHECK_SKIP_SANITIZE=1, GPU_CHECK_SKIP_TESTS=1 (no pytest steps: a
 # benchmark-only call), GPU_CHECK_BENCH_ARGS (e.g. --write-record).

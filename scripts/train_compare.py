@@ -21,8 +21,8 @@ at 1.
 Why these settings (8 pairs, 8 queries, vocabulary 128, no filler: 24 tokens a sequence; peak
 lr 3e-3, warm-up 20, 300 steps, batch 64): the comparison means something only if the model
 learns within the run, since two runs that sit at chance have the same flat loss whatever the
-gradients are. The first settings (96 pairs, 64 queries, vocabulary 512, lr 1e-3, warm-up 30)
-left all three runs on an H200 at chance after 300 steps: loss 6.39 -> 5.547 = ln 256 (uniform
+gradients are. Larger settings (96 pairs, 64 queries, vocabulary 512, lr 1e-3, warm-up 30)
+leave all three runs on an H200 at chance after 300 steps: loss 6.39 -> 5.547 = ln 256 (uniform
 over the 256 values), query accuracy 0.004. MQAR is learned in a jump: the loss first drops to
 about ln(VOCAB / 2) (the model learns that a query's answer is some value) and stays there
 until the layers form the recall circuit (the short convolution binds each value to its key,
