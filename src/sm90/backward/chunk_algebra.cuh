@@ -1,7 +1,9 @@
-// The KDA backward inside one 16-token chunk of one (sequence, value head): host-device code,
-// so that the sm_90a kernels (chain.cu, chunk_grad.cu) and the CPU test
-// (tests/cpp/test_backward_chunk_algebra.cpp, against the token-level fp64 reference) run the
-// very same expressions. Math: docs/kda-spec.md "Chunked form" and "Backward".
+// The KDA backward inside one 16-token chunk of one (sequence, value head), in plain loops: the
+// chunk algebra that the kernels evaluate with tensor-core products (records.cu,
+// chain_products.cuh, chunk_grad_products.cuh), as phases that
+// tests/cpp/test_backward_chunk_algebra.cpp checks against the token-level fp64 reference. The
+// kernels take the chunk size kC and fexp from here, and the names below. Math: docs/kda-spec.md
+// "Chunked form" and "Backward".
 //
 // Forward of a chunk (S the K x V state at its start, G_i = a_1 + ... + a_i the cumulative log
 // decay, a K-vector per token; GC = G of the chunk's last token; E_ij = exp(G_i - G_j) for
@@ -37,10 +39,9 @@
 // and the formulas above hold unchanged for the real rows (the padded rows' results are not
 // stored). So every function works on full 16-row tiles and G[15] is GC.
 //
-// Execution model: each function is one phase over a block of threads described by `Ctx`
-// (tid, nthreads, sync()): thread tid takes elements tid, tid + nthreads, ..., and the phase
-// ends with ctx.sync() so the next phase sees its results. On the CPU, Ctx is one thread and
-// sync() does nothing. Every sum runs in a fixed order: results are deterministic.
+// Execution model: each function is one phase over the threads described by `Ctx` (tid,
+// nthreads, sync()): thread tid takes elements tid, tid + nthreads, ..., and the phase ends with
+// ctx.sync(). The test runs them with SerialCtx (one thread). Every sum runs in a fixed order.
 #pragma once
 
 #include <cmath>
@@ -78,9 +79,7 @@ struct SerialCtx {
 
 /// The chunk's tiles (row-major, row = token). [kC][K]: q, k, G (holds a on entry to
 /// cumulate_gate), dG; [kC][V]: X (holds v on entry to state_residual), dO, U, dR (holds dU
-/// before solve_dR); [kC][kC]: A, M, dL, dM; [kC]: b. S and dS are K x V with row stride ld
-/// (a padded stride keeps shared-memory columns on distinct banks). qd, kd ([kC][K]) are
-/// optional scratch for state_grad_step.
+/// before solve_dR); [kC][kC]: A, M, dL, dM; [kC]: b. S and dS are K x V with row stride ld.
 template <class T, int K, int V>
 struct ChunkTiles {
   T* q;
@@ -115,16 +114,14 @@ FKDA_HOST_DEVICE void cumulate_gate(const ChunkTiles<T, K, V>& t, const Ctx& ctx
   ctx.sync();
 }
 
-/// A (strictly lower) and M (lower including the diagonal), zero elsewhere. The channel loop
-/// of pair (i, j) starts at channel j so that the 16 pairs of a warp read distinct banks.
+/// A (strictly lower) and M (lower including the diagonal), zero elsewhere.
 template <class T, int K, int V, class Ctx>
 FKDA_HOST_DEVICE void grams(const ChunkTiles<T, K, V>& t, const Ctx& ctx) {
   for (int e = ctx.tid; e < kC * kC; e += ctx.nthreads) {
     const int i = e / kC, j = e % kC;
     T a = T(0), m = T(0);
     if (j <= i) {
-      for (int s = 0; s < K; ++s) {
-        const int c = (s + j) % K;
+      for (int c = 0; c < K; ++c) {
         const T ek = fexp(t.G[i * K + c] - t.G[j * K + c]) * t.k[j * K + c];
         a += t.k[i * K + c] * ek;
         m += t.q[i * K + c] * ek;
@@ -197,8 +194,7 @@ FKDA_HOST_DEVICE void grad_pairs(const ChunkTiles<T, K, V>& t, const Ctx& ctx) {
     const int i = e / kC, j = e % kC;
     T l = T(0), m = T(0);
     if (j <= i) {
-      for (int s = 0; s < V; ++s) {
-        const int v = (s + j) % V;
+      for (int v = 0; v < V; ++v) {
         l += t.dR[i * V + v] * t.U[j * V + v];
         m += t.dO[i * V + v] * t.U[j * V + v];
       }
