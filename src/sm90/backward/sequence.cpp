@@ -14,8 +14,9 @@ namespace flash_kda::sm90::bwd {
 
 void enqueue_backward_kernels(const BackwardParams& bp, const BackwardLayout& l, uint64_t context_key,
                               cudaStream_t stream) {
-  // dq_hat .. db are summed into by the chunk gradients; tokens no chunk covers (only where
-  // cu_seqlens values are bad) keep zero gradients.
+  // The chunk gradients write dq_hat .. db and dv for every token a chunk covers; a token no
+  // chunk covers (only where device-side cu_seqlens values are bad) reads zero in the finish and
+  // keeps a zero dv.
   check_cuda(zero_async(bp.dq_hat, l.part_dt - l.dq_hat, stream), "cudaMemsetAsync (gradients)");
   if (bp.total_tokens > 0)
     check_cuda(zero_async(bp.dv, size_t(bp.total_tokens * bp.value_heads * kHeadDim) * 2, stream),
