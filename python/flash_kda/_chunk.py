@@ -529,8 +529,12 @@ _ELEMENT_BYTES = {_core.dtype_codes[n]: b for n, b in (("bfloat16", 2), ("float1
                                                        ("float64", 8))}
 
 
-#: The gradient tensors of one backward call, in _core.backward_raw's order.
+#: The gradient tensors of one backward call, in _core.backward_raw's order; the import fails if
+#: the extension's table (_core.backward_tensors) differs, as _forward.py's does for the forward.
 GRAD_TENSORS = ("d_out", "d_final_state", "dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "d_initial_state")
+if hasattr(_core, "backward_tensors") and tuple(_core.backward_tensors) != GRAD_TENSORS:
+    raise ImportError(f"flash_kda._core's backward table {tuple(_core.backward_tensors)} does not match the Python "
+                      f"package's {GRAD_TENSORS}: the package and its extension are from different builds")
 
 
 def new_gradients(named: dict, need: tuple, torch) -> tuple:

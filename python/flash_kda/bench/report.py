@@ -685,7 +685,7 @@ TRAIN_NOTE = ("train: one forward + backward of chunk_kda (torch.autograd.grad o
               "chunk_kda (FLA_FLASH_KDA=0) on the same inputs in the same run; saved MB = unique storages autograd "
               "saves for the backward (inputs included); grad check = flash_kda's worst relative error over every "
               "gradient against autograd through the fp64 reference on a slice (first tokens of the first sequence, "
-              "first heads), passing at <= 2e-2 or <= 1.5x fla's")
+              f"first heads), passing at <= {check.GRAD_BOUND:g} or <= {check.FLA_RATIO_BOUND:g}x fla's")
 
 
 def format_train_table(results: dict) -> str:
