@@ -118,6 +118,20 @@ void check_view_strides(const TensorView& t, const char* name) {
     throw Error(name, "last dimension must have unit stride (strides [.., 1]), got strides " + strides_str(t));
 }
 
+void check_rows16(const TensorView& t, const char* name, const char* for_what) {
+  if (t.numel() == 0) return;
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    throw Error(name, std::string("data pointer must be 16-byte aligned for ") + for_what);
+  static const char* const kDimNames[] = {"batch", "token", "head"};
+  const int64_t es = dtype_size(t.dtype);
+  for (int d = 0; d + 1 < t.ndim && d < 3; ++d)
+    if (t.shape[d] > 1 && (t.strides[d] * es) % 16 != 0)
+      throw Error(name, std::string(kDimNames[d]) + " stride " + std::to_string(t.strides[d]) + " (" +
+                            std::to_string(t.strides[d] * es) + " bytes of " + dtype_name(t.dtype) +
+                            ") must be a multiple of 16 bytes (16-byte aligned rows for " + for_what +
+                            "), got strides " + strides_str(t));
+}
+
 ByteRange span_range(const TensorView& t) {
   if (!t.defined() || t.numel() <= 0 || t.data == nullptr) return {};
   int64_t last = 0;

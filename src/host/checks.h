@@ -57,6 +57,11 @@ bool overlaps(const TensorView& a, const TensorView& b);
 /// the last one (Error naming `name` otherwise). Nothing to check for a view with no elements.
 void check_view_strides(const TensorView& t, const char* name);
 
+/// 16-byte aligned rows of a [batch, token, head, dim] view for the Sm90 kernels: the data pointer
+/// and every stride of a dimension of extent > 1 but the last, in bytes, multiples of 16 (Error
+/// naming `name`, ending "... for <for_what>", otherwise). Nothing to check without elements.
+void check_rows16(const TensorView& t, const char* name, const char* for_what);
+
 /// [begin, end) bytes a view may touch whatever its strides: from its first element to one past
 /// its last (empty for an absent view or one with no elements).
 ByteRange span_range(const TensorView& t);

@@ -65,21 +65,10 @@ bool is_activation(const TensorSpec& spec) {
 void check_activation_strides(const TensorView& t, const char* name, Target target) {
   if (t.numel() == 0) return;
   detail::check_view_strides(t, name);
-  const int last = t.ndim - 1;
   if (target != Target::Sm90) return;
-  const bool rows16 = std::string_view(name) != "beta";
-  const int64_t es = dtype_size(t.dtype);
-  if (reinterpret_cast<uintptr_t>(t.data) % (rows16 ? kSm90Alignment : uintptr_t(es)) != 0)
-    throw Error(name, std::string("data pointer must be ") + (rows16 ? "16-byte" : "element") +
-                          " aligned for the Sm90 kernels");
-  if (!rows16) return;
-  static const char* const kDimNames[] = {"batch", "token", "head"};
-  for (int d = 0; d < last; ++d)
-    if (t.shape[d] > 1 && (t.strides[d] * es) % int64_t(kSm90Alignment) != 0)
-      throw Error(name, std::string(kDimNames[d]) + " stride " + std::to_string(t.strides[d]) + " (" +
-                            std::to_string(t.strides[d] * es) + " bytes of " + dtype_name(t.dtype) +
-                            ") must be a multiple of 16 bytes (16-byte aligned rows for the Sm90 kernels), got strides " +
-                            strides_str(t));
+  if (std::string_view(name) != "beta") return detail::check_rows16(t, name, "the Sm90 kernels");
+  if (reinterpret_cast<uintptr_t>(t.data) % uintptr_t(dtype_size(t.dtype)) != 0)
+    throw Error(name, "data pointer must be element aligned for the Sm90 kernels");
 }
 
 // out is written by many threads at once: no two of its elements may share memory. Sorted by

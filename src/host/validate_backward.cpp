@@ -71,20 +71,9 @@ void check_like(const TensorView& t, const char* name, const TensorView& input, 
 }
 
 // The Sm90 kernels read d_out and store the [.., K or V] gradients several elements at a time:
-// on Sm90 their data and rows are 16-byte aligned (the rule of the forward's activations: the
-// data pointer and every stride of a dimension of extent > 1 but the last, in bytes).
-void check_rows16(const TensorView& t, const char* name) {
-  if (t.numel() == 0) return;
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    throw Error(name, "data pointer must be 16-byte aligned for the Sm90 backward");
-  const int64_t es = dtype_size(t.dtype);
-  for (int d = 0; d + 1 < t.ndim; ++d)
-    if (t.shape[d] > 1 && (t.strides[d] * es) % 16 != 0)
-      throw Error(name, "stride " + std::to_string(t.strides[d]) + " of dimension " + std::to_string(d) + " (" +
-                            std::to_string(t.strides[d] * es) + " bytes of " + dtype_name(t.dtype) +
-                            ") must be a multiple of 16 bytes (16-byte aligned rows for the Sm90 backward), got strides " +
-                            strides_str(t));
-}
+// on Sm90 their data and rows are 16-byte aligned (detail::check_rows16, the rule of the
+// forward's activations).
+constexpr const char* kRowsFor = "the Sm90 backward";
 
 // d_out: [B, T, HV, V] like out, any batch, token and head strides >= 0 with a unit last
 // stride (it is read only, so a zero stride, as an expanded gradient has, is fine), and on
@@ -96,7 +85,7 @@ void check_d_out(const BackwardArgs& a, const ProblemShape& p, Target target) {
   check_shape(t, "d_out", {p.batch, p.seqlen, p.value_heads, p.head_dim_v}, "[B, T, HV, V]", "like out");
   check_dtype_in(t, "d_out", target == Target::Sm90 ? kFloat : kFloatOrF64, "");
   check_view_strides(t, "d_out");
-  if (target == Target::Sm90) check_rows16(t, "d_out");
+  if (target == Target::Sm90) check_rows16(t, "d_out", kRowsFor);
 }
 
 
@@ -159,7 +148,7 @@ ProblemShape check_backward(const BackwardArgs& a, Target target) {
   for (const auto& m : mirrored) {
     require_present(*m.grad, m.name);
     check_like(*m.grad, m.name, *m.input, m.input_name, f.q, target);
-    if (target == Target::Sm90 && m.grad != &a.dbeta) check_rows16(*m.grad, m.name);
+    if (target == Target::Sm90 && m.grad != &a.dbeta) check_rows16(*m.grad, m.name, kRowsFor);
   }
   const struct {
     const TensorView* grad;
