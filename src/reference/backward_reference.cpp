@@ -29,6 +29,7 @@ namespace {
 
 using reference_detail::load_element;
 using reference_detail::row_offset;
+using reference_detail::state_offset;
 using reference_detail::store_element;
 
 /// What every (sequence, value head) task reads, and the private fp64 results it writes.
@@ -44,11 +45,6 @@ struct Job {
   std::vector<double> dq_hat, dk_hat, da, db, dv;
   std::vector<double> d_initial;  // [N, HV, K, V] k-first
 };
-
-// Element (i = key channel, j = value column) of state tensor `t` ([N, HV, ...] in `layout`).
-int64_t state_index(StateLayout layout, int64_t base, int64_t i, int64_t j, int64_t K, int64_t V) {
-  return base + (layout == StateLayout::VFirst ? j * K + i : i * V + j);
-}
 
 void run_pair(Job& job, int64_t n, int64_t hv) {
   const BackwardArgs& a = *job.args;
@@ -66,7 +62,7 @@ void run_pair(Job& job, int64_t n, int64_t hv) {
   if (f.initial_state.defined())
     for (int64_t i = 0; i < K; ++i)
       for (int64_t j = 0; j < V; ++j)
-        states[size_t(i * V + j)] = load_element(f.initial_state, state_index(f.state_layout, (n * HV + hv) * K * V, i, j, K, V));
+        states[size_t(i * V + j)] = load_element(f.initial_state, (n * HV + hv) * K * V + state_offset(f.state_layout, i, j, K, V));
   reference_detail::TokenInputs in(K, V);
   const reference_detail::StepFlags flags = reference_detail::step_flags(f, scale);
   std::vector<double> S(states.begin(), states.begin() + K * V), o(static_cast<size_t>(V));
@@ -87,7 +83,7 @@ void run_pair(Job& job, int64_t n, int64_t hv) {
   if (a.d_final_state.defined())
     for (int64_t i = 0; i < K; ++i)
       for (int64_t j = 0; j < V; ++j)
-        dS[size_t(i * V + j)] = load_element(a.d_final_state, state_index(f.state_layout, (n * HV + hv) * K * V, i, j, K, V));
+        dS[size_t(i * V + j)] = load_element(a.d_final_state, (n * HV + hv) * K * V + state_offset(f.state_layout, i, j, K, V));
   for (int64_t t = len - 1; t >= 0; --t) {
     const int64_t tok = first + t;
     const double* S0 = &states[size_t(t * K * V)];
@@ -256,7 +252,7 @@ void reference_backward(const BackwardArgs& args, int num_threads) {
       for (int64_t hv = 0; hv < HV; ++hv)
         for (int64_t i = 0; i < K; ++i)
           for (int64_t j = 0; j < V; ++j)
-            store_element(args.d_initial_state, state_index(f.state_layout, (n * HV + hv) * K * V, i, j, K, V),
+            store_element(args.d_initial_state, (n * HV + hv) * K * V + state_offset(f.state_layout, i, j, K, V),
                           job.d_initial[size_t(((n * HV + hv) * K + i) * V + j)]);
 }
 

@@ -25,7 +25,7 @@ int64_t index_at(const TensorView& t, int64_t offset) {
 
 // Element offset of state element S[i][j] (key i, value j) of value head hv within a slot.
 int64_t state_offset(const DecodeArgs& a, int64_t hv, int64_t i, int64_t j, int64_t K, int64_t V) {
-  return hv * K * V + (a.state_layout == StateLayout::VFirst ? j * K + i : i * V + j);
+  return hv * K * V + reference_detail::state_offset(a.state_layout, i, j, K, V);
 }
 
 // One pending state write: all HV heads of a slot (pool slot, or final_state row n).

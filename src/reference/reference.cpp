@@ -18,6 +18,7 @@ namespace {
 
 using reference_detail::load_element;
 using reference_detail::row_offset;
+using reference_detail::state_offset;
 using reference_detail::store_element;
 
 /// Everything a (sequence, value head) task needs, read once from the call.
@@ -94,7 +95,7 @@ void run_head(const Plan& plan, int64_t n, int64_t hv) {
     const int64_t base = (slot * HV + hv) * K * V;
     for (int64_t i = 0; i < K; ++i)
       for (int64_t j = 0; j < V; ++j) {
-        const int64_t src = a.state_layout == StateLayout::VFirst ? j * K + i : i * V + j;
+        const int64_t src = state_offset(a.state_layout, i, j, K, V);
         S[size_t(i * V + j)] = load_element(a.initial_state, base + src);
       }
   }
@@ -190,7 +191,7 @@ void reference_forward(const ForwardArgs& args, int num_threads) {
         const int64_t base = (slot * HV + hv) * K * V;
         for (int64_t i = 0; i < K; ++i)
           for (int64_t j = 0; j < V; ++j) {
-            const int64_t dst = args.state_layout == StateLayout::VFirst ? j * K + i : i * V + j;
+            const int64_t dst = state_offset(args.state_layout, i, j, K, V);
             store_element(args.final_state, base + dst, S[i * V + j]);
           }
       }
@@ -203,7 +204,7 @@ void reference_forward(const ForwardArgs& args, int num_threads) {
       const int64_t base = (row * HV + hv) * K * V;
       for (int64_t i = 0; i < K; ++i)
         for (int64_t j = 0; j < V; ++j) {
-          const int64_t dst = args.state_layout == StateLayout::VFirst ? j * K + i : i * V + j;
+          const int64_t dst = state_offset(args.state_layout, i, j, K, V);
           store_element(args.intermediate_states, base + dst, S[i * V + j]);
         }
     }

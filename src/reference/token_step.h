@@ -49,6 +49,12 @@ struct TokenInputs {
   double b = 0.0;
 };
 
+/// Offset of element (i = key channel, j = value column) in a K x V state slice stored in
+/// `layout` (v-first rows are value columns, k-first rows are key channels).
+inline int64_t state_offset(StateLayout layout, int64_t i, int64_t j, int64_t K, int64_t V) {
+  return layout == StateLayout::VFirst ? j * K + i : i * V + j;
+}
+
 /// Element offset of the row of flat token `tok`, head `h` of a per-token tensor ([B, T, heads,
 /// dim] or beta [B, T, HV]; any batch, token and head strides, unit last stride): token tok is
 /// entry tok % T of batch entry tok / T (varlen: B = 1, T = T_total).
