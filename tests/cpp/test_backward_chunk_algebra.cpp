@@ -150,13 +150,6 @@ Grads chunked_backward(KdaProblem& prob, const HostTensor& d_out, const HostTens
   return out;
 }
 
-struct AlgebraCase {
-  std::string name;
-  KdaConfig config;
-};
-
-void PrintTo(const AlgebraCase& c, std::ostream* os) { *os << c.name; }
-
 template <class T, int K, int V>
 void check_against_reference(KdaConfig cfg, double bound) {
   cfg.head_dim_k = K;

@@ -9,6 +9,8 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <set>
 #include <type_traits>
@@ -20,6 +22,17 @@
 namespace {
 
 namespace bwd = flash_kda::sm90::bwd;
+
+/// x rounded to tf32 (10 mantissa bits) to nearest, ties away from zero (ptx::tf32 rounds ties to
+/// even: the two differ only on exact ties), for finite x: the emulated warp's conversion.
+float tf32_round_host(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x1000u) & 0xffffe000u;
+  float y;
+  std::memcpy(&y, &u, 4);
+  return y;
+}
 constexpr int D = bwd::kGradDim;
 constexpr int C = bwd::kC;
 
@@ -50,7 +63,7 @@ struct EmuWarp {
       for (int r = 0; r < 2; ++r) f[lane].x[r] = at(bwd::frag_b_row(lane, r), bwd::frag_b_col(lane));
     return f;
   }
-  float round(float x) const { return tf32 ? bwd::tf32_round_host(x) : x; }
+  float round(float x) const { return tf32 ? tf32_round_host(x) : x; }
   void add(C& c, const C& x) const {
     for (int lane = 0; lane < 32; ++lane)
       for (int r = 0; r < 4; ++r) c[lane].x[r] += x[lane].x[r];
@@ -103,8 +116,8 @@ struct EmuWarp {
     if (tf32)
       for (int lane = 0; lane < 32; ++lane)
         for (int r = 0; r < 2; ++r) {
-          bh[lane].x[r] = bwd::tf32_round_host(b[lane].x[r]);
-          bl[lane].x[r] = bwd::tf32_round_host(b[lane].x[r] - bh[lane].x[r]);
+          bh[lane].x[r] = tf32_round_host(b[lane].x[r]);
+          bl[lane].x[r] = tf32_round_host(b[lane].x[r] - bh[lane].x[r]);
         }
     else
       for (int lane = 0; lane < 32; ++lane) bl[lane] = bwd::FragB{{0.f, 0.f}};
@@ -119,12 +132,12 @@ struct EmuWarp {
     B bh = b, bl = b;
     for (int lane = 0; lane < 32; ++lane) {
       for (int r = 0; r < 4; ++r) {
-        ah[lane].x[r] = bwd::tf32_round_host(a[lane].x[r]);
-        al[lane].x[r] = bwd::tf32_round_host(a[lane].x[r] - ah[lane].x[r]);
+        ah[lane].x[r] = tf32_round_host(a[lane].x[r]);
+        al[lane].x[r] = tf32_round_host(a[lane].x[r] - ah[lane].x[r]);
       }
       for (int r = 0; r < 2; ++r) {
-        bh[lane].x[r] = bwd::tf32_round_host(b[lane].x[r]);
-        bl[lane].x[r] = bwd::tf32_round_host(b[lane].x[r] - bh[lane].x[r]);
+        bh[lane].x[r] = tf32_round_host(b[lane].x[r]);
+        bl[lane].x[r] = tf32_round_host(b[lane].x[r] - bh[lane].x[r]);
       }
     }
     mma(c, al, bh);
@@ -493,8 +506,8 @@ void chain_case(bool tf32, double tol) {
       for (int v = 0; v < V; ++v) {
         const float x = t[i * VL + v];
         const int at = bwd::vec_frag_off(i, v);
-        hi[at] = tf32 ? bwd::tf32_round_host(x) : x;
-        lo[at] = tf32 ? bwd::tf32_round_host(x - hi[at]) : 0.f;
+        hi[at] = tf32 ? tf32_round_host(x) : x;
+        lo[at] = tf32 ? tf32_round_host(x - hi[at]) : 0.f;
       }
   };
   std::vector<float> dOhi, dOlo, Phi, Plo;

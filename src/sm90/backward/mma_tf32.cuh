@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "common/gate.h"
 // DeviceWarp is device code, and also the CPU model's (tests/emu, FLASH_KDA_EMU: the kernel
@@ -54,17 +53,6 @@ struct FragC {
 FKDA_HOST_DEVICE FragA frag_a_of_c(const FragC& c) { return FragA{{c.x[0], c.x[2], c.x[1], c.x[3]}}; }
 /// The accumulator column that A's k (0..7) is in frag_a_of_c.
 FKDA_HOST_DEVICE int frag_kperm(int k) { return k < 4 ? 2 * k : 2 * (k - 4) + 1; }
-
-/// x rounded to tf32 (10 mantissa bits) to nearest, ties away from zero (ptx::tf32 rounds ties to
-/// even: the two differ only on exact ties), for finite x: the host form of the device conversion.
-inline float tf32_round_host(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + 0x1000u) & 0xffffe000u;
-  float y;
-  std::memcpy(&y, &u, 4);
-  return y;
-}
 
 #if defined(FKDA_BWD_DEVICE_WARP)
 
