@@ -3,7 +3,6 @@
 // the gradients under test, NaN-filled so that an element the kernels never write cannot pass.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <random>
@@ -52,20 +51,8 @@ struct BackwardInputs {
 };
 
 /// Gradients in their inputs' dtypes and shapes (absent where the input is), NaN-filled.
-struct PoisonedGradients {
-  HostTensor dq, dk, dv, dg, dbeta, dA_log, ddt_bias, d_initial_state;
-
-  explicit PoisonedGradients(const KdaProblem& p)
-      : dq(like(p.q)), dk(like(p.k)), dv(like(p.v)), dg(like(p.g)), dbeta(like(p.beta)), dA_log(like(p.A_log)),
-        ddt_bias(like(p.dt_bias)), d_initial_state(like(p.initial_state)) {}
-
- private:
-  static HostTensor like(const HostTensor& t) {
-    if (!t.defined()) return HostTensor{};
-    HostTensor g(t.dtype(), t.shape());
-    g.fill(std::nan(""));
-    return g;
-  }
+struct PoisonedGradients : InputGradients {
+  explicit PoisonedGradients(const KdaProblem& p) : InputGradients(p, Kind::Poisoned) {}
 };
 
 }  // namespace flash_kda::testing

@@ -201,14 +201,29 @@ struct KdaProblem {
   }
 };
 
-/// Zero-filled fp64 gradients of a problem's inputs, one per input it has (absent where it has
-/// none), for reference_backward.
-struct Fp64Gradients {
+/// The gradients of a problem's inputs, one per input it has (absent where it has none):
+/// fp64 zeros for reference_backward (Fp64), or the inputs' own dtypes filled with NaN so that an
+/// element a kernel never writes cannot pass (Poisoned).
+struct InputGradients {
+  enum class Kind { Fp64, Poisoned };
   HostTensor dq, dk, dv, dg, dbeta, dA_log, ddt_bias, d_initial_state;
 
-  explicit Fp64Gradients(const KdaProblem& p)
-      : dq(like(p.q)), dk(like(p.k)), dv(like(p.v)), dg(like(p.g)), dbeta(like(p.beta)), dA_log(like(p.A_log)),
-        ddt_bias(like(p.dt_bias)), d_initial_state(like(p.initial_state)) {}
+  InputGradients(const KdaProblem& p, Kind kind)
+      : dq(like(p.q, kind)), dk(like(p.k, kind)), dv(like(p.v, kind)), dg(like(p.g, kind)),
+        dbeta(like(p.beta, kind)), dA_log(like(p.A_log, kind)), ddt_bias(like(p.dt_bias, kind)),
+        d_initial_state(like(p.initial_state, kind)) {}
+
+  /// Points b's gradient views at these tensors.
+  void point(BackwardArgs& b) {
+    b.dq = dq.view();
+    b.dk = dk.view();
+    b.dv = dv.view();
+    b.dg = dg.view();
+    b.dbeta = dbeta.view();
+    b.dA_log = dA_log.view();
+    b.ddt_bias = ddt_bias.view();
+    b.d_initial_state = d_initial_state.view();
+  }
 
   /// The backward of `forward` (its out and final_state dropped: the backward takes the
   /// forward's inputs only) with d_out, d_final_state (absent: none) and these gradients.
@@ -219,19 +234,23 @@ struct Fp64Gradients {
     b.forward.final_state = {};
     b.d_out = d_out.view();
     b.d_final_state = d_final_state.view();
-    b.dq = dq.view();
-    b.dk = dk.view();
-    b.dv = dv.view();
-    b.dg = dg.view();
-    b.dbeta = dbeta.view();
-    b.dA_log = dA_log.view();
-    b.ddt_bias = ddt_bias.view();
-    b.d_initial_state = d_initial_state.view();
+    point(b);
     return b;
   }
 
  private:
-  static HostTensor like(const HostTensor& t) { return t.defined() ? HostTensor(DType::F64, t.shape()) : HostTensor{}; }
+  static HostTensor like(const HostTensor& t, Kind kind) {
+    if (!t.defined()) return HostTensor{};
+    if (kind == Kind::Fp64) return HostTensor(DType::F64, t.shape());
+    HostTensor g(t.dtype(), t.shape());
+    g.fill(std::nan(""));
+    return g;
+  }
+};
+
+/// reference_backward's outputs: fp64 zeros.
+struct Fp64Gradients : InputGradients {
+  explicit Fp64Gradients(const KdaProblem& p) : InputGradients(p, Kind::Fp64) {}
 };
 
 /// Draws a fresh problem from `c` (never zeros): q, k ~ N(0, qk_std^2); v ~ N(0, 1); g ~ N(g_mean, g_std^2) for the
