@@ -95,6 +95,27 @@ void check_shape(const TensorView& t, const char* name, const std::vector<int64_
   throw Error(name, msg + ", got " + shape_str(t));
 }
 
+namespace {
+
+// True when a and b live on the same device and their non-empty byte ranges ra, rb meet.
+bool same_device_ranges_overlap(const TensorView& a, const TensorView& b, ByteRange ra, ByteRange rb) {
+  if (a.device != b.device || (a.device == DeviceType::CUDA && a.device_id != b.device_id)) return false;
+  if (ra.begin == ra.end || rb.begin == rb.end) return false;
+  return ra.begin < rb.end && rb.begin < ra.end;
+}
+
+// [begin, end) bytes a view may touch whatever its strides: from its first element to one past
+// its last (empty for an absent view or one with no elements).
+ByteRange span_range(const TensorView& t) {
+  if (!t.defined() || t.numel() <= 0 || t.data == nullptr) return {};
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + uintptr_t(last + 1) * uintptr_t(dtype_size(t.dtype))};
+}
+
+}  // namespace
+
 ByteRange byte_range(const TensorView& t) {
   const int64_t n = t.numel();
   if (n <= 0 || t.data == nullptr) return {};
@@ -103,10 +124,7 @@ ByteRange byte_range(const TensorView& t) {
 }
 
 bool overlaps(const TensorView& a, const TensorView& b) {
-  if (a.device != b.device || (a.device == DeviceType::CUDA && a.device_id != b.device_id)) return false;
-  const ByteRange ra = byte_range(a), rb = byte_range(b);
-  if (ra.begin == ra.end || rb.begin == rb.end) return false;
-  return ra.begin < rb.end && rb.begin < ra.end;
+  return same_device_ranges_overlap(a, b, byte_range(a), byte_range(b));
 }
 
 void check_view_strides(const TensorView& t, const char* name) {
@@ -132,19 +150,8 @@ void check_rows16(const TensorView& t, const char* name, const char* for_what) {
                             "), got strides " + strides_str(t));
 }
 
-ByteRange span_range(const TensorView& t) {
-  if (!t.defined() || t.numel() <= 0 || t.data == nullptr) return {};
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
-  const auto begin = reinterpret_cast<uintptr_t>(t.data);
-  return {begin, begin + uintptr_t(last + 1) * uintptr_t(dtype_size(t.dtype))};
-}
-
 bool spans_overlap(const TensorView& a, const TensorView& b) {
-  if (a.device != b.device || (a.device == DeviceType::CUDA && a.device_id != b.device_id)) return false;
-  const ByteRange ra = span_range(a), rb = span_range(b);
-  if (ra.begin == ra.end || rb.begin == rb.end) return false;
-  return ra.begin < rb.end && rb.begin < ra.end;
+  return same_device_ranges_overlap(a, b, span_range(a), span_range(b));
 }
 
 }  // namespace flash_kda::detail

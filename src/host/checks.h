@@ -62,10 +62,8 @@ void check_view_strides(const TensorView& t, const char* name);
 /// naming `name`, ending "... for <for_what>", otherwise). Nothing to check without elements.
 void check_rows16(const TensorView& t, const char* name, const char* for_what);
 
-/// [begin, end) bytes a view may touch whatever its strides: from its first element to one past
-/// its last (empty for an absent view or one with no elements).
-ByteRange span_range(const TensorView& t);
-/// True when both views' spans are non-empty, live on the same device and share a byte. A
+/// True when both views' spans (from the first element to one past the last, whatever the
+/// strides) are non-empty, live on the same device and share a byte. A
 /// strided view's span includes the gaps between its rows, so interleaved views of one buffer
 /// count as overlapping: conservative, never a race.
 bool spans_overlap(const TensorView& a, const TensorView& b);
