@@ -170,6 +170,9 @@ std::vector<BackwardCase> cases() {
   c.gate = GateMode::Softplus;
   c.g_mean = 2.0;  // softplus(g) ~ 2 with A_log up to log 16: decays down to ~-34 a token
   v.push_back({"softplus_strong_decay", c});
+  c.g_mean = 4.0;  // decays of -4 to -64 a token: the state forgets within a token or two, so
+                   // da is tiny and a cancelling sum of O(1) terms would be all of it
+  v.push_back({"softplus_forgetting_decay", c});
   c = fixed(1, 40);
   c.gate = GateMode::PreGated;
   c.pregated_min = -60.0;  // log decays U(-60, 0) a token

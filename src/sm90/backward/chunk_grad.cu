@@ -367,11 +367,10 @@ __device__ __forceinline__ void channel_terms(const Smem& m, float scale, const 
     if (kParity == 0) {
       const float eg = fexp(G[i]), er = fexp(GC - G[i]);
       const float dkd = m.kd[i * kRowLd + c], dqd = m.X[i * kRowLd + c], dkr = m.kr[i * kRowLd + c];
-      const float kr_dkr = er * k[i] * dkr;
       dq += scale * eg * dqd;
       dk[i] += eg * dkd + er * dkr;
-      dG[i] += eg * k[i] * dkd + scale * eg * qi * dqd - kr_dkr;
-      last += kr_dkr;
+      dG[i] += eg * k[i] * dkd + scale * eg * qi * dqd;
+      m.kr[i * kRowLd + c] = er * k[i] * dkr;  // kr_i . dkr_i, for da's prefix sum (phase_channels)
       if (i == kC - 1) last += eg * m.rowsum[c];
     }
     dq_out[i * kHeadDim + c] = dq;
@@ -403,6 +402,17 @@ __device__ __forceinline__ void phase_channels(const BackwardParams& p, const Sm
   __syncthreads();
   if (half == 1) return;
   const int64_t row = (tok0 * p.value_heads + hv) * kHeadDim + c, stride = int64_t(p.value_heads) * kHeadDim;
+  // da_t = exp(GC) rowsum(dS o S) + sum_{j<t} kr_j . dkr_j + sum_{s>=t} dG_s: the kr terms of
+  // s >= t cancel analytically (each is in both GC's terms and dG_s), so they are left out
+  // rather than added and subtracted, which under strong decay (every other term tiny) would
+  // leave fp32's rounding of them as the whole result.
+  float pre = 0.f;
+#pragma unroll
+  for (int i = 0; i < kC; ++i) {
+    const float t = m.kr[i * kRowLd + c];
+    m.kr[i * kRowLd + c] = pre;
+    pre += t;
+  }
   float acc = last;
 #pragma unroll
   for (int i = kC - 1; i >= 0; --i) {
@@ -410,7 +420,7 @@ __device__ __forceinline__ void phase_channels(const BackwardParams& p, const Sm
     if (i < rows) {
       p.dq_hat[row + i * stride] = dq0[i * kHeadDim + c] + part[i * kHeadDim + c];
       p.dk_hat[row + i * stride] = dk[i] + part[kColTile + i * kHeadDim + c];
-      p.da[row + i * stride] = acc;
+      p.da[row + i * stride] = acc + m.kr[i * kRowLd + c];
     }
   }
 }
