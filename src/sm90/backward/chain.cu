@@ -40,6 +40,7 @@
 #include "sm90/backward/layout.h"
 #include "sm90/backward/records.h"
 #include "sm90/backward/state_access.cuh"
+#include "sm90/common/bf16.cuh"
 #include "sm90/common/launch_config.h"
 #include "sm90/common/ptx.cuh"
 
@@ -116,9 +117,11 @@ __device__ __forceinline__ void fetch_record(const float* src, float* rec) {
 // A thread's two d out elements of a chunk: row i = tid / 16, columns 2 (tid % 16) and + 1 of
 // the slice; zero past the chunk's `rows` tokens. The byte offset of the pair in chunk j is
 // off0 + j * chunk_stride (RowLayout::offset is linear in the token, and the sequence's
-// layout_seq is the same for all its tokens).
+// layout_seq is the same for all its tokens). The pair stays in its loaded bits (two fp32, or
+// one bf16 pair in bits.x) until store_do: converted at the load, the conversion would wait
+// there for the load, two chunks early (ncu: a quarter of the chain's stall samples).
 struct DoPair {
-  float x = 0.f, y = 0.f;
+  uint2 bits = make_uint2(0u, 0u);
 };
 struct DoSource {
   int64_t off0, chunk_stride;
@@ -133,23 +136,20 @@ __device__ __forceinline__ DoPair load_do(const BackwardParams& p, const DoSourc
   DoPair d;
   if (int(threadIdx.x / 16) < rows) {
     const char* at = static_cast<const char*>(p.d_out) + src.off0 + j * src.chunk_stride;
-    if (p.d_out_is_f32) {
-      const float2 f = *reinterpret_cast<const float2*>(at);
-      d.x = f.x;
-      d.y = f.y;
-    } else {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at));
-      d.x = f.x;
-      d.y = f.y;
-    }
+    if (p.d_out_is_f32)
+      d.bits = *reinterpret_cast<const uint2*>(at);
+    else
+      d.bits.x = *reinterpret_cast<const uint32_t*>(at);
   }
   return d;
 }
-// Stores the pair, split into tf32 head and tail (chain_products.cuh), into dO[2][kVecTile].
-__device__ __forceinline__ void store_do(float (*dO)[kVecTile], const DoPair& d) {
+// Stores the pair as fp32, split into tf32 head and tail (chain_products.cuh), into
+// dO[2][kVecTile].
+__device__ __forceinline__ void store_do(float (*dO)[kVecTile], const DoPair& d, bool is_f32) {
   const int i = threadIdx.x / 16, v = 2 * (threadIdx.x % 16);
-  tf32_split(d.x, dO[0][vec_frag_off(i, v)], dO[1][vec_frag_off(i, v)]);
-  tf32_split(d.y, dO[0][vec_frag_off(i, v + 1)], dO[1][vec_frag_off(i, v + 1)]);
+  const float2 f = is_f32 ? make_float2(__uint_as_float(d.bits.x), __uint_as_float(d.bits.y)) : unpack_bf16(d.bits.x);
+  tf32_split(f.x, dO[0][vec_frag_off(i, v)], dO[1][vec_frag_off(i, v)]);
+  tf32_split(f.y, dO[0][vec_frag_off(i, v + 1)], dO[1][vec_frag_off(i, v + 1)]);
 }
 
 __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     ptx::cp_async_commit();
     if (chunks > 1) fetch_record(rec_src + (chunks - 2) * rec_stride, s.rec[1]);
     ptx::cp_async_commit();
-    store_do(s.dO[(chunks - 1) & 1], load_do(p, do_src, chunks - 1, rows_of(chunks - 1)));
+    store_do(s.dO[(chunks - 1) & 1], load_do(p, do_src, chunks - 1, rows_of(chunks - 1)), p.d_out_is_f32);
     if (chunks > 1) pend = load_do(p, do_src, chunks - 2, rows_of(chunks - 2));
   }
   for (int64_t j = chunks - 1; j >= 0; --j) {
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
       chain_load_a_vec_T(w, alo, s.nbdR[1]);
       chain_mma_a(w, ds, ahi, alo, bkd);
     }
-    if (j >= 1) store_do(s.dO[(j - 1) & 1], pend);  // read from the next step on
+    if (j >= 1) store_do(s.dO[(j - 1) & 1], pend, p.d_out_is_f32);  // read from the next step on
     pend = fresh;
     stage = stage == kStages - 1 ? 0 : stage + 1;
   }

@@ -17,34 +17,57 @@
 namespace flash_kda::sm90::bwd {
 namespace {
 
-constexpr int kThreads = kHeadDim;  // one thread per channel
+constexpr int kThreads = kHeadDim;  // one thread per channel (finish_gate_kernel, reduce_kernel)
 
-// dx of one token and q/k head from the workspace's per-value-head d x_hat; x is the raw input.
-__device__ void finish_key(const BackwardParams& p, const void* x, const RowLayout& rows, const float* d_hat,
-                           void* out, int64_t tok, int64_t ln, int h, float* scratch) {
-  const int c = threadIdx.x;
-  float dx = 0.f;
-  for (int gi = 0; gi < p.group; ++gi) dx += d_hat[(tok * p.value_heads + h * p.group + gi) * kHeadDim + c];
-  if (p.l2norm) {
-    const float xv = __bfloat162float(
-        reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(x) + rows.offset(ln, tok, h))[c]);
-    const float inv = 1.f / sqrtf(block_sum<kThreads>(xv * xv, scratch) + float(math::kL2NormEps));
-    const float xh = xv * inv;
-    const float dot = block_sum<kThreads>(xh * dx, scratch);
-    dx = math::l2norm_grad(dx, xh, dot, inv);
-  }
-  static_cast<__nv_bfloat16*>(out)[(tok * p.heads + h) * kHeadDim + c] = __float2bfloat16_rn(dx);
+// finish_keys_kernel: a warp per (token, q/k head, q or k), four channels a lane, so the L2
+// norm's two sums are warp butterflies with no block barrier (a block per token with two block
+// sums per head measured 22 cycles a warp instruction, latency-bound).
+constexpr int kKeyThreads = 256;
+constexpr int kKeyWarps = kKeyThreads / 32;
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
 }
 
-__global__ void __launch_bounds__(kThreads) finish_keys_kernel(BackwardParams p) {
-  __shared__ float scratch[kThreads / 32];
+// dx of one token and q/k head from the workspace's per-value-head d x_hat (summed over the
+// group's value heads in order); x is the raw input. Lane l holds channels 4 l .. 4 l + 3.
+__device__ __forceinline__ void finish_key(const BackwardParams& p, const void* x, const RowLayout& rows,
+                                           const float* d_hat, void* out, int64_t tok, int64_t ln, int h) {
+  const int c = 4 * (threadIdx.x % 32);
+  float4 dx = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int gi = 0; gi < p.group; ++gi) {
+    const float4 d = *reinterpret_cast<const float4*>(d_hat + (tok * p.value_heads + h * p.group + gi) * kHeadDim + c);
+    dx.x += d.x; dx.y += d.y; dx.z += d.z; dx.w += d.w;
+  }
+  if (p.l2norm) {
+    // Rows are 16-byte aligned (validated), so a lane's four bf16 are one 8-byte load.
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const char*>(x) + rows.offset(ln, tok, h) + c * 2);
+    const float2 x01 = unpack_bf16(raw.x), x23 = unpack_bf16(raw.y);
+    const float inv = 1.f / sqrtf(warp_sum((x01.x * x01.x + x01.y * x01.y) + (x23.x * x23.x + x23.y * x23.y)) +
+                                  float(math::kL2NormEps));
+    const float4 xh = make_float4(x01.x * inv, x01.y * inv, x23.x * inv, x23.y * inv);
+    const float dot = warp_sum((xh.x * dx.x + xh.y * dx.y) + (xh.z * dx.z + xh.w * dx.w));
+    dx = make_float4(math::l2norm_grad(dx.x, xh.x, dot, inv), math::l2norm_grad(dx.y, xh.y, dot, inv),
+                     math::l2norm_grad(dx.z, xh.z, dot, inv), math::l2norm_grad(dx.w, xh.w, dot, inv));
+  }
+  *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(out) + (tok * p.heads + h) * kHeadDim + c) =
+      make_uint2(pack_bf16(dx.x, dx.y), pack_bf16(dx.z, dx.w));
+}
+
+// Item i = (token, head, q or k): i / (2 heads) is the token, (i / 2) % heads the head, i % 2
+// q (0) or k (1).
+__global__ void __launch_bounds__(kKeyThreads) finish_keys_kernel(BackwardParams p) {
   const bool varlen = p.seqs.cu_seqlens != nullptr;
-  for (int64_t tok = blockIdx.x; tok < p.total_tokens; tok += gridDim.x) {
+  const int64_t items = p.total_tokens * p.heads * 2;
+  for (int64_t i = int64_t(blockIdx.x) * kKeyWarps + threadIdx.x / 32; i < items; i += int64_t(gridDim.x) * kKeyWarps) {
+    const int64_t tok = i / (2 * p.heads);
+    const int h = int((i / 2) % p.heads);
     const int64_t ln = layout_seq(tok, p.seqs.seqlen, varlen);
-    for (int h = 0; h < p.heads; ++h) {
-      finish_key(p, p.q, p.q_rows, p.dq_hat, p.dq, tok, ln, h, scratch);
-      finish_key(p, p.k, p.k_rows, p.dk_hat, p.dk, tok, ln, h, scratch);
-    }
+    if (i % 2 == 0)
+      finish_key(p, p.q, p.q_rows, p.dq_hat, p.dq, tok, ln, h);
+    else
+      finish_key(p, p.k, p.k_rows, p.dk_hat, p.dk, tok, ln, h);
   }
 }
 
@@ -112,9 +135,11 @@ cudaError_t launch_finish(const BackwardParams& p, cudaStream_t stream) {
   // No dynamic shared memory: no context key.
   if (p.total_tokens > 0) {
     KernelLaunch k;
-    k.grid_x = unsigned(p.total_tokens < (int64_t{1} << 20) ? p.total_tokens : (int64_t{1} << 20));
-    k.block = kThreads;
+    const int64_t key_blocks = (p.total_tokens * p.heads * 2 + kKeyWarps - 1) / kKeyWarps;
+    k.grid_x = unsigned(key_blocks < (int64_t{1} << 20) ? key_blocks : (int64_t{1} << 20));
+    k.block = kKeyThreads;
     if (const cudaError_t e = launch_planned<finish_keys_kernel>(k, 0, p, stream); e != cudaSuccess) return e;
+    k.block = kThreads;
     k.grid_x = unsigned((p.total_tokens + kFinishTokens - 1) / kFinishTokens);
     k.grid_y = unsigned(p.value_heads);
     if (const cudaError_t e = launch_planned<finish_gate_kernel>(k, 0, p, stream); e != cudaSuccess) return e;
