@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "sm90/backward/layout.h"
 #include "sm90/common/record.h"
 #include "sm90/forward/kernel_shapes.h"
 #include "sm90/forward/params.h"
@@ -73,6 +74,23 @@ TEST(Sm90Plan, WideOrShortProblemsDoNot) {
   }
   // Varlen: 16 sequences of 512 tokens with one head are short on average, whatever T_total.
   EXPECT_EQ(plan_for(shape(1, 16 * 512, 1, 16)).seg_len, 0);
+}
+
+// The backward's recompute (fp32 states every 16 tokens, store-bound per SM) takes segments
+// from 4 per sequence where the forward alone takes them from 8 (backward/layout.h).
+TEST(Sm90Plan, TheBackwardsRecomputeTakesSegmentsFromFour) {
+  using flash_kda::sm90::bwd::recompute_options;
+  const ProblemShape h32 = shape(1, 8192, 32);
+  EXPECT_EQ(recompute_options(h32).segments, 4);  // 132 / 32 pairs
+  EXPECT_EQ(plan_for(h32, 132, recompute_options(h32)).max_segs, 4);
+  EXPECT_EQ(recompute_options(shape(1, 1024, 4)).segments, 8);      // 64 chunks / 8
+  EXPECT_EQ(recompute_options(shape(1, 65536, 4)).segments, 16);    // capped
+  EXPECT_EQ(recompute_options(shape(1, 8192, 16)).segments, 8);     // the forward's own choice
+  for (const ProblemShape& p : {shape(1, 8192, 64), shape(1, 8192, 96), shape(1, 512, 96), shape(16, 2048, 32),
+                                shape(1, 8192, 32, 6), shape(1, 100, 4), shape(2, 0, 2)}) {
+    EXPECT_EQ(recompute_options(p).segments, 0) << name(p);  // fewer than 4: the plan decides
+    EXPECT_EQ(plan_for(p, 132, recompute_options(p)).seg_len, 0) << name(p);
+  }
 }
 
 TEST(Sm90Plan, VarlenSegmentsBoundTheLongestSequence) {

@@ -26,12 +26,13 @@ TensorView device_view(void* data, DType dtype, std::initializer_list<int64_t> s
 }  // namespace
 
 size_t backward_workspace_bytes(const ProblemShape& p) {
-  return bwd::backward_layout(p, workspace_bytes(p, LaunchOptions{})).total;
+  return bwd::backward_layout(p, workspace_bytes(p, bwd::recompute_options(p))).total;
 }
 
 void launch_backward(const BackwardArgs& args, const ProblemShape& p, void* workspace, size_t have,
                      const WorkspaceAllocator* allocate, Stream stream) {
-  const bwd::BackwardLayout l = bwd::backward_layout(p, workspace_bytes(p, LaunchOptions{}));
+  const LaunchOptions recompute = bwd::recompute_options(p);
+  const bwd::BackwardLayout l = bwd::backward_layout(p, workspace_bytes(p, recompute));
   if (allocate == nullptr) {
     if (have < l.total)
       throw Error("workspace", "at least " + std::to_string(l.total) + " bytes (backward_workspace_size), got " +
@@ -67,7 +68,7 @@ void launch_backward(const BackwardArgs& args, const ProblemShape& p, void* work
 
   const bwd::BackwardParams bp = bwd::backward_params(args, p, ws, l);
   check_cuda(bwd::launch_offsets(bp, stream), "backward offsets launch");
-  launch_forward(fa, p, LaunchOptions{}, ws + l.forward, l.forward_bytes, nullptr, stream);
+  launch_forward(fa, p, recompute, ws + l.forward, l.forward_bytes, nullptr, stream);
   bwd::enqueue_backward_kernels(bp, l, ctx, stream);
 }
 

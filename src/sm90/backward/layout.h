@@ -7,6 +7,7 @@
 
 #include "flash_kda/forward.h"
 #include "sm90/backward/records.h"
+#include "sm90/forward/plan.h"
 
 namespace flash_kda::sm90::bwd {
 
@@ -17,6 +18,24 @@ inline constexpr int64_t kFinishTokens = 64;
 /// Blocks of the chain per value head (chain.cu: one per 32 value columns), on grid y: the
 /// backward takes at most 65535 / kChainSlices value heads (validate_backward says so).
 inline constexpr int64_t kChainSlices = 4;
+
+/// The launch options of the recompute, the forward that stores fp32 states every 16 tokens
+/// (64 KB a chunk and value head). Its state pass is bound by each SM's store rate, so where few
+/// (sequence, value head) pairs leave most SMs idle it takes segments (forward/plan.cpp), which
+/// spread the stores over more SMs: S = min(kMaxSms / pairs, chunks / 8, 16) per sequence (chunks:
+/// the mean per sequence), taken when S >= 4; else the forward's plan decides. On the H200 the
+/// segments' 3x state-passing work costs less than the idle SMs' store bandwidth where S >= 4
+/// (docs/performance.md, "Backward").
+inline LaunchOptions recompute_options(const ProblemShape& p) {
+  const int64_t pairs = p.num_seqs * p.value_heads > 0 ? p.num_seqs * p.value_heads : 1;
+  const int64_t chunks = (p.batch * p.seqlen + 15) / 16 / (p.num_seqs > 0 ? p.num_seqs : 1);
+  int64_t segs = int64_t(kMaxSms) / pairs;
+  if (chunks / 8 < segs) segs = chunks / 8;
+  if (segs > 16) segs = 16;
+  LaunchOptions o;
+  if (segs >= 4) o.segments = int(segs);
+  return o;
+}
 
 /// Byte offsets of every workspace buffer (each 256-byte aligned) and the total. R = N +
 /// ceil(T_total / 16) chunk rows: chunk c of sequence n is row n + floor(start_n / 16) + c
