@@ -34,7 +34,7 @@
 // half the SMs idle at 32 heads. 8 warps, 16 channels each: 4 would double each warp's
 // dependent mma chains and leave one warp a scheduler, 16 would double the loads of the dO and
 // dR fragments (every warp reads all of them) and the partials to add. 114,880 B of shared
-// memory and 99 registers: two blocks an SM when there are more blocks than SMs.
+// memory and 128 registers: two blocks an SM when there are more blocks than SMs.
 #include "sm90/backward/chain_products.cuh"
 #include "sm90/backward/kernels.h"
 #include "sm90/backward/layout.h"
