@@ -86,6 +86,10 @@ TEST(Sm90Plan, TheBackwardsRecomputeTakesSegmentsFromFour) {
   EXPECT_EQ(recompute_options(shape(1, 1024, 4)).segments, 8);      // 64 chunks / 8
   EXPECT_EQ(recompute_options(shape(1, 65536, 4)).segments, 16);    // capped
   EXPECT_EQ(recompute_options(shape(1, 8192, 16)).segments, 8);     // the forward's own choice
+  EXPECT_EQ(recompute_options(shape(2, 8192, 16)).segments, 4);     // 32 pairs, each 512 chunks
+  EXPECT_EQ(recompute_options(shape(1, 8192, 32, 1)).segments, 4);  // varlen, one sequence
+  // Varlen with several sequences: the plan cuts each by T_total, so none are forced.
+  EXPECT_EQ(recompute_options(shape(1, 8192, 8, 4)).segments, 0);
   for (const ProblemShape& p : {shape(1, 8192, 64), shape(1, 8192, 96), shape(1, 512, 96), shape(16, 2048, 32),
                                 shape(1, 8192, 32, 6), shape(1, 100, 4), shape(2, 0, 2)}) {
     EXPECT_EQ(recompute_options(p).segments, 0) << name(p);  // fewer than 4: the plan decides

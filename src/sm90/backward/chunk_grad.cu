@@ -33,7 +33,8 @@
 // per token; then the channel phase: a thread per (key channel, pair parity) adds the pair terms of dq, dk, dG
 // (E_ij = exp(G_i - G_j), once per pair), the parity-0 thread also the per-token terms; the two
 // halves meet through shared memory in a fixed order, and the parity-0 thread writes dq, dk and
-// da (the reverse cumulative sum of dG, with GC's own terms on the last token).
+// da (the reverse cumulative sum of dG, plus exp(GC) rowsum(dS o S) and the kr terms of the
+// tokens before: phase_channels).
 #include "sm90/backward/chunk_grad_products.cuh"
 #include "sm90/backward/kernels.h"
 #include "sm90/backward/records.h"
@@ -328,9 +329,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 /// The terms of dq, dk, dG on key channel c of the pairs (i, j), j <= i, with (i + j) % 2 ==
 /// kParity (the diagonal is parity 0; chunk_algebra.cuh's grad_keys; E_ij = exp(G_i - G_j) once
 /// per pair, serving both tokens), and with kParity 0 also the per-token terms of dkd, dqd, dkr
-/// and GC's own terms (into `last`). G, q, k are the [16][K] tiles at ch; dq_i is complete after
-/// row i, so it goes to dq_out[i * K + c] at once; dk and dG take terms of later rows too and
-/// stay in registers.
+/// (kr_i . dkr_i into m.kr, for da's prefix sum) and exp(GC) rowsum(dS o S) (into `last`). G, q,
+/// k are the [16][K] tiles at ch; dq_i is complete after row i, so it goes to dq_out[i * K + c]
+/// at once; dk and dG take terms of later rows too and stay in registers.
 template <int kParity>
 __device__ __forceinline__ void channel_terms(const Smem& m, float scale, const float* ch, int c, float* dq_out,
                                               float (&dk)[kC], float (&dG)[kC], float& last) {
@@ -388,7 +389,7 @@ __device__ __forceinline__ void phase_channels(const BackwardParams& p, const Sm
   float* dq0 = slice_buf(m, 0) + 3 * kColTile;
   float* part = slice_buf(m, 1);  // free since the barrier after the last slice
   float dk[kC], dG[kC];
-  float last = 0.f;  // GC's own terms: sum_t dkr_t kr_t + exp(GC) rowsum(dS o S)
+  float last = 0.f;  // exp(GC) rowsum(dS o S), the last token's own term
   if (half == 0) {
     channel_terms<0>(m, p.scale, ch, c, dq0, dk, dG, last);
   } else {

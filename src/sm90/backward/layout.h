@@ -22,17 +22,23 @@ inline constexpr int64_t kChainSlices = 4;
 /// The launch options of the recompute, the forward that stores fp32 states every 16 tokens
 /// (64 KB a chunk and value head). Its state pass is bound by each SM's store rate, so where few
 /// (sequence, value head) pairs leave most SMs idle it takes segments (forward/plan.cpp), which
-/// spread the stores over more SMs: S = min(kMaxSms / pairs, chunks / 8, 16) per sequence (chunks:
-/// the mean per sequence), taken when S >= 4; else the forward's plan decides. On the H200 the
-/// segments' 3x state-passing work costs less than the idle SMs' store bandwidth where S >= 4
-/// (docs/performance.md, "Backward").
+/// spread the stores over more SMs: S = min(kMaxSms / pairs, chunks / 8, 16) per sequence, taken
+/// when S >= 4; else the forward's plan decides. On the H200 the segments' 3x state-passing work
+/// costs less than the idle SMs' store bandwidth where S >= 4 (docs/performance.md, "Backward").
+///
+/// Only for sequences of one length (a fixed-length batch, or one sequence): the plan cuts every
+/// sequence of a varlen batch by the longest possible one (T_total), so a forced count there
+/// gives the shorter sequences one segment each, on the slower segment passes. The count is
+/// sized for the 132-SM part, like the workspace: on a part with fewer SMs the segments' blocks
+/// take more than one wave.
 inline LaunchOptions recompute_options(const ProblemShape& p) {
+  LaunchOptions o;
+  if (p.varlen && p.num_seqs > 1) return o;
   const int64_t pairs = p.num_seqs * p.value_heads > 0 ? p.num_seqs * p.value_heads : 1;
-  const int64_t chunks = (p.batch * p.seqlen + 15) / 16 / (p.num_seqs > 0 ? p.num_seqs : 1);
+  const int64_t chunks = (p.seqlen + 15) / 16;  // every sequence's
   int64_t segs = int64_t(kMaxSms) / pairs;
   if (chunks / 8 < segs) segs = chunks / 8;
   if (segs > 16) segs = 16;
-  LaunchOptions o;
   if (segs >= 4) o.segments = int(segs);
   return o;
 }
