@@ -25,7 +25,8 @@
 # for the next: the whole suite does not fit one 10-minute call), GPU_CHECK_BUDGET_S (whole-run deadline, default 560), GPU_CHECK_SKIP_BUILD=1
 # (reuse the installed package and build-gpucheck/), GPU_CHECK_PYTEST_ARGS (extra pytest args),
 # GPU_CHECK_SKIP_BENCH=1, GPU_CHECK_SKIP_SANITIZE=1, GPU_CHECK_SKIP_TESTS=1 (no pytest steps: a
-# benchmark-only call), GPU_CHECK_BENCH_ARGS (e.g. --write-record).
+# benchmark-only call), GPU_CHECK_BENCH_ARGS (e.g. --write-record), GPU_CHECK_PARALLEL=1 (the
+# whole suite in one call: ctest, both sanitizers and pytest at once, no benchmark; step 3 below).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -66,8 +67,11 @@ run_step() {
   timeout --kill-after=10 "$limit" "$@" >"$LOG/$name.log" 2>&1
   rc=$?
   # pytest-xdist's workers can outlive a pytest cut at its limit and keep the GPU busy under
-  # the steps after it (a profile and a benchmark measured 4x slow so).
-  if ((rc == 124 || rc == 137)); then pkill -KILL -f -- "-m pytest" 2>/dev/null; sleep 1; fi
+  # the steps after it (a profile and a benchmark measured 4x slow so). Only a pytest step's
+  # cut kills them: with GPU_CHECK_PARALLEL=1 another step's pytest may be running.
+  if ((rc == 124 || rc == 137)) && [[ " $* " == *" -m pytest "* ]]; then
+    pkill -KILL -f -- "-m pytest" 2>/dev/null; sleep 1
+  fi
   SECS[$name]=$((SECONDS - t0))
   if ((rc == 0)); then STATUS[$name]=pass
   elif ((rc == 124 || rc == 137)); then STATUS[$name]="timeout (${limit}s)"
@@ -111,6 +115,64 @@ else
   if [[ $rc == 0 ]]; then STATUS[ctest-build]=pass; else STATUS[ctest-build]="FAIL (exit $rc)"; tail -n 25 "$LOG/ctest-build.log"; fi
 fi
 
+# 3. With GPU_CHECK_PARALLEL=1: ctest, each sanitizer tool and the whole pytest suite but the
+#    large-memory test at once, each under its own limit, then the large-memory test alone; no
+#    benchmark (its timings need the GPU alone). One 10-minute device call instead of two:
+#    every step is correctness only, so sharing the GPU slows it but changes no result. pytest
+#    reads fla's carried autotune choices from a copy of the cache, so that choices made on a
+#    shared GPU never reach the cache a later benchmark reads.
+if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
+  BG_PIDS=()
+  BG_NAMES=()
+  # run_bg NAME CAP CMD...: run_step in the background; its status and seconds land in
+  # $LOG/NAME.step for collect_bg.
+  run_bg() {
+    local name=$1
+    (
+      run_step "$@"
+      printf '%s\t%s\n' "${STATUS[$name]:-FAIL (no status)}" "${SECS[$name]:-0}" >"$LOG/$name.step"
+    ) &
+    BG_PIDS+=($!)
+    BG_NAMES+=("$name")
+  }
+  if [[ ${STATUS[ctest-build]} == pass ]]; then
+    run_bg ctest 420 ctest --test-dir "$ROOT/build-gpucheck" -j "$((JOBS / 4 > 0 ? JOBS / 4 : 1))" \
+      --output-on-failure --output-junit "$LOG/ctest.xml"
+  else
+    skip_step ctest "the C++ build: ${STATUS[ctest-build]}"
+  fi
+  if [[ ${GPU_CHECK_SKIP_SANITIZE:-0} == 1 ]]; then
+    skip_step sanitize "GPU_CHECK_SKIP_SANITIZE=1"
+  else
+    run_bg sanitize-memcheck 430 "$PY" scripts/sanitize.py --tool memcheck --log-dir "$LOG" --timeout 420
+    run_bg sanitize-racecheck 450 "$PY" scripts/sanitize.py --tool racecheck --log-dir "$LOG" --timeout 440
+  fi
+  if [[ ${GPU_CHECK_SKIP_TESTS:-0} == 1 ]]; then
+    skip_step pytest-all "GPU_CHECK_SKIP_TESTS=1"
+  else
+    rm -rf /tmp/gpu-check-triton && cp -r "$TRITON_CACHE_DIR" /tmp/gpu-check-triton
+    # shellcheck disable=SC2086
+    run_bg pytest-all 450 env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest tests/python -v -rs \
+      -p no:cacheprovider -n "$((JOBS / 2 > 0 ? JOBS / 2 : 1))" -m "not large_memory" --timeout=420 \
+      --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+  fi
+  wait "${BG_PIDS[@]}"
+  for name in "${BG_NAMES[@]}"; do
+    ORDER+=("$name")
+    st="FAIL (no status)" secs=0
+    [[ -f $LOG/$name.step ]] && IFS=$'\t' read -r st secs <"$LOG/$name.step"
+    STATUS[$name]=$st
+    SECS[$name]=$secs
+    echo "gpu-check:    $name: $st in ${secs}s"
+  done
+  if [[ ${GPU_CHECK_SKIP_TESTS:-0} == 1 ]]; then
+    skip_step pytest-gpu-large "GPU_CHECK_SKIP_TESTS=1"
+  else
+    # shellcheck disable=SC2086
+    run_step pytest-gpu-large 120 env FLA_CACHE_RESULTS=0 "$PY" -m pytest tests/python/test_fwd_*.py -q -rs \
+      -p no:cacheprovider -m large_memory --junitxml="$LOG/pytest-gpu-large.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+  fi
+else
 # 3. Tests, one step after another; the benchmark runs alone at the end. fla's autotune
 #    choices made while the pytest workers share the GPU are not persisted
 #    (FLA_CACHE_RESULTS=0), so they never skew the benchmark's fla timings.
@@ -196,6 +258,8 @@ else
   skip_step pytest-gpu-large "GPU_CHECK_SKIP_TESTS=1"
 fi
 
+fi
+
 # 4. Report: bring back a few files (the device tool returns at most 8), print the accuracy
 #    tables, then the summary table last.
 if [[ -n ${OUT:-} ]]; then
@@ -226,6 +290,7 @@ STATUS_DUMP=$STATUS_DUMP LOG=$LOG "$PY" - <<'PYEOF'
 import os, re, xml.etree.ElementTree as ET
 log = os.environ["LOG"]
 junit = {"ctest": "ctest.xml", "pytest-rest": "pytest-rest.xml", "pytest-backward": "pytest-backward.xml",
+         "pytest-all": "pytest-all.xml",
          "pytest-gpu": "pytest-gpu.xml",
          "pytest-gpu-large": "pytest-gpu-large.xml"}
 
@@ -244,7 +309,7 @@ def counts(path):
 def note(step):
     path = os.path.join(log, step + ".log")
     text = open(path, errors="replace").read() if os.path.exists(path) else ""
-    if step == "sanitize":
+    if step.startswith("sanitize"):
         return "; ".join(l.split(": ", 1)[1].split(" (")[0] for l in text.splitlines()
                          if re.match(r"sanitize: (memcheck|racecheck): ", l)) or (text.strip().splitlines() or [""])[-1][:110]
     if step == "bench-layer":
