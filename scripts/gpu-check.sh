@@ -153,7 +153,7 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     rm -rf /tmp/gpu-check-triton && cp -r "$TRITON_CACHE_DIR" /tmp/gpu-check-triton
     # shellcheck disable=SC2086
     run_bg pytest-all 450 env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest tests/python -v -rs \
-      -p no:cacheprovider -n "$((JOBS / 2 > 0 ? JOBS / 2 : 1))" -m "not large_memory" --timeout=420 \
+      -p no:cacheprovider -n "$((JOBS * 5 / 8 > 0 ? JOBS * 5 / 8 : 1))" -m "not large_memory" --timeout=420 \
       --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
   fi
   wait "${BG_PIDS[@]}"
