@@ -323,6 +323,25 @@ TEST(BackwardMmaTiles, FragmentLoadsAreFreeOfBankConflicts) {
   }
 }
 
+/// U = Tinv diag(b) X and dR = Tinv^T dU (the dR tiles as dU) on slice s, columns nb .., by the
+/// kernel's products, against the naive products of the dense tiles: errors into eU, eR.
+void check_solves(const EmuWarp& w, const Tiles& t, int s, int nb, MaxErr& eU, MaxErr& eR) {
+  const int v0 = bwd::kSliceV * s;
+  EmuWarp::C u = {}, dr = {};
+  bwd::product_solve_U(w, u, nb, t.Tinv.data(), t.b.data(), t.X.data() + v0);
+  bwd::product_solve_dR(w, dr, nb, t.Tinv.data(), t.dR[s].data());
+  for_each_result(u, v0 + nb, [&](int i, int v, float got) {
+    double want = 0;
+    for (int j = 0; j <= i; ++j) want += double(t.Tinv[i * C + j]) * t.b[j] * t.Xd[j * D + v];
+    eU.add(got, want);
+  });
+  for_each_result(dr, v0 + nb, [&](int i, int v, float got) {
+    double want = 0;
+    for (int j = i; j < C; ++j) want += double(t.Tinv[j * C + i]) * t.dRd[j * D + v];
+    eR.add(got, want);
+  });
+}
+
 /// Every product of the kernel, slice by slice, against naive products of the dense tiles.
 template <class L>
 void expect_products_match() {
@@ -332,21 +351,10 @@ void expect_products_match() {
   for (int s = 0; s < Tiles::kSlices; ++s)
     for (int nb = 0; nb < bwd::kSliceV; nb += 8) {
       const int v0 = bwd::kSliceV * s;
-      EmuWarp::C x = {}, du = {}, u = {}, dr = {};
+      EmuWarp::C x = {}, du = {};
       bwd::product_residual<L>(w, x, nb, t.kd.data(), t.S<L>(s));
       bwd::product_dU(w, du, nb, t.M.data(), t.dO.data() + v0, t.kr.data(), t.dS[s].data());
-      bwd::product_solve_U(w, u, nb, t.Tinv.data(), t.b.data(), t.X.data() + v0);
-      bwd::product_solve_dR(w, dr, nb, t.Tinv.data(), t.dR[s].data());  // the dR tiles as dU
-      for_each_result(u, v0 + nb, [&](int i, int v, float got) {
-        double want = 0;
-        for (int j = 0; j <= i; ++j) want += double(t.Tinv[i * C + j]) * t.b[j] * t.Xd[j * D + v];
-        eSolveU.add(got, want);
-      });
-      for_each_result(dr, v0 + nb, [&](int i, int v, float got) {
-        double want = 0;
-        for (int j = i; j < C; ++j) want += double(t.Tinv[j * C + i]) * t.dRd[j * D + v];
-        eSolveR.add(got, want);
-      });
+      check_solves(w, t, s, nb, eSolveU, eSolveR);
       for_each_result(x, v0 + nb, [&](int i, int v, float got) {
         double want = 0;
         for (int c = 0; c < D; ++c) want += t.kdd[i * D + c] * t.Sd[c * D + v];
@@ -418,22 +426,7 @@ TEST(BackwardMmaTiles, SolvesKeepFp32Accuracy) {
   w.tf32 = true;
   MaxErr eU, eR;
   for (int s = 0; s < Tiles::kSlices; ++s)
-    for (int nb = 0; nb < bwd::kSliceV; nb += 8) {
-      const int v0 = bwd::kSliceV * s;
-      EmuWarp::C u = {}, dr = {};
-      bwd::product_solve_U(w, u, nb, t.Tinv.data(), t.b.data(), t.X.data() + v0);
-      bwd::product_solve_dR(w, dr, nb, t.Tinv.data(), t.dR[s].data());
-      for_each_result(u, v0 + nb, [&](int i, int v, float got) {
-        double want = 0;
-        for (int j = 0; j <= i; ++j) want += double(t.Tinv[i * C + j]) * t.b[j] * t.Xd[j * D + v];
-        eU.add(got, want);
-      });
-      for_each_result(dr, v0 + nb, [&](int i, int v, float got) {
-        double want = 0;
-        for (int j = i; j < C; ++j) want += double(t.Tinv[j * C + i]) * t.dRd[j * D + v];
-        eR.add(got, want);
-      });
-    }
+    for (int nb = 0; nb < bwd::kSliceV; nb += 8) check_solves(w, t, s, nb, eU, eR);
   EXPECT_LE(eU.rel(), 1e-5);
   EXPECT_LE(eR.rel(), 1e-5);
 }

@@ -152,6 +152,19 @@ __device__ __forceinline__ void store_do(float (*dO)[kVecTile], const DoPair& d,
   tf32_split(f.y, dO[0][vec_frag_off(i, v + 1)], dO[1][vec_frag_off(i, v + 1)]);
 }
 
+// Calls f(mt, nt, r) for each element of a warp's 2 x 2 accumulator tiles over its 16 channels
+// and the slice's 32 columns (dS^T, or a dU partial): tile [mt][nt].x[r] holds the warp's
+// channel 8 nt + frag_c_col(lane, r) and slice column 16 mt + frag_c_row(lane, r).
+template <class F>
+__device__ __forceinline__ void for_each_frag(F&& f) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) f(mt, nt, r);
+}
+
 __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   Smem& s = *reinterpret_cast<Smem*>(dynamic_smem());
   const int64_t n = blockIdx.x;
@@ -169,13 +182,9 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     return slice + state_elem(p.state_k_first, c0 + 8 * nt + frag_c_col(lane, r), col0 + 16 * mt + frag_c_row(lane, r));
   };
   FragC ds[2][2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        ds[mt][nt].x[r] = p.d_final_state ? load_f(p.d_final_state, state_at(mt, nt, r), p.d_final_is_f32) : 0.f;
+  for_each_frag([&](int mt, int nt, int r) {
+    ds[mt][nt].x[r] = p.d_final_state ? load_f(p.d_final_state, state_at(mt, nt, r), p.d_final_is_f32) : 0.f;
+  });
 
   const SeqIndex::Span sp = p.seqs.span(n);
   const int64_t chunks = (sp.length + kC - 1) / kC;
@@ -205,13 +214,9 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     // dS of this chunk's end to the workspace, for chunk_grad: per store, four channel rows of
     // 32 contiguous bytes.
     float* out = out0 + j * out_stride;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          out[(c0 + 8 * nt + frag_c_col(lane, r)) * kHeadDim + 16 * mt + frag_c_row(lane, r)] = ds[mt][nt].x[r];
+    for_each_frag([&](int mt, int nt, int r) {
+      out[(c0 + 8 * nt + frag_c_col(lane, r)) * kHeadDim + 16 * mt + frag_c_row(lane, r)] = ds[mt][nt].x[r];
+    });
     ptx::cp_async_wait<1>();  // this chunk's group; the next one's may still be in flight
     __syncthreads();          // record j and d out rows j visible to all; the last step's reads done
 
@@ -232,13 +237,9 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
       chain_load_b_kr(w, bkr, rec + kKr, c0);
       FragC part[2][2];
       chain_dU_partial(w, part, ds, bkr, warp, dOhi, dOlo, rec + kM);
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r)
-            s.part[warp][part_off(8 * nt + frag_c_col(lane, r), 16 * mt + frag_c_row(lane, r))] = part[mt][nt].x[r];
+      for_each_frag([&](int mt, int nt, int r) {
+        s.part[warp][part_off(8 * nt + frag_c_col(lane, r), 16 * mt + frag_c_row(lane, r))] = part[mt][nt].x[r];
+      });
     }
     // dS^T <- dS^T diag(eg) + dO^T qd, while the other warps finish their partials.
 #pragma unroll
@@ -303,13 +304,9 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   ptx::cp_async_wait<0>();  // no copy outlives the block (the trailing groups are empty)
 
   if (p.d_initial_state)
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          store_f(p.d_initial_state, state_at(mt, nt, r), ds[mt][nt].x[r], p.d_initial_is_f32);
+    for_each_frag([&](int mt, int nt, int r) {
+      store_f(p.d_initial_state, state_at(mt, nt, r), ds[mt][nt].x[r], p.d_initial_is_f32);
+    });
 }
 
 }  // namespace
