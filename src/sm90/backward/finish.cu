@@ -20,8 +20,8 @@ namespace {
 constexpr int kThreads = kHeadDim;  // one thread per channel (finish_gate_kernel, reduce_kernel)
 
 // finish_keys_kernel: a warp per (token, q/k head, q or k), four channels a lane, so the L2
-// norm's two sums are warp butterflies with no block barrier (a block per token with two block
-// sums per head measured 22 cycles a warp instruction, latency-bound).
+// norm's two sums are warp butterflies: block-wide sums, two per head with their barriers, leave
+// such a short kernel latency-bound.
 constexpr int kKeyThreads = 256;
 constexpr int kKeyWarps = kKeyThreads / 32;
 

@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kThreads, 4) records_kernel(BackwardParams p) 
     float v[32];
     {
       const float4 Gi = ld4(&sm.G[il][c0]), ki = ld4(&sm.k[il][c0]), qi = ld4(&sm.q[il][c0]);
-      // t < il holds for every t < 8 as well; the test stays because it keeps each pair's loads
-      // next to its use (without it the compiler hoists them all and runs out of registers).
+      // t < il holds for every t < 8 as well; the test keeps each pair's loads next to its use
+      // (without it the compiler hoists them all and runs out of registers).
 #pragma unroll
       for (int t = 0; t < kC - 1; ++t)
         if (t < il) pair_sums(Gi, ki, qi, ld4(&sm.G[t][c0]), ld4(&sm.k[t][c0]), v[2 * t], v[2 * t + 1]);
