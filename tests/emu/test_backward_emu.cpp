@@ -50,11 +50,27 @@ struct Workspace {
   }
 };
 
-class BackwardEmu : public ::testing::TestWithParam<BackwardCase> {};
+/// B sequences of T tokens, one head (H = HV = 1), the default gate and states.
+KdaConfig fixed(int64_t B, int64_t T) {
+  KdaConfig c;
+  c.batch = B;
+  c.seqlen = T;
+  c.heads = c.value_heads = 1;
+  return c;
+}
 
-TEST_P(BackwardEmu, MatchesReference) {
+/// One gradient's relative Frobenius error against the fp64 reference, and its count of
+/// elements that are not finite.
+struct GradError {
+  const char* name;
+  double err;
+  size_t not_finite;
+};
+
+/// Runs the backward kernels of case tc on the CPU model and returns the error of every
+/// gradient the case has; prints them with the model's time.
+std::vector<GradError> run_case(const BackwardCase& tc) {
   const auto t_start = std::chrono::steady_clock::now();
-  const BackwardCase& tc = GetParam();
   KdaConfig cfg = tc.config;
   cfg.head_dim_k = cfg.head_dim_v = 128;
   cfg.input_dtype = DType::BF16;
@@ -77,7 +93,10 @@ TEST_P(BackwardEmu, MatchesReference) {
   const flash_kda::sm90::bwd::BackwardParams bp = flash_kda::sm90::bwd::backward_params(a, ps, ws.mem.get(), l);
 
   // The offsets, then the recompute's chunk-start states at the rows they give.
-  ASSERT_EQ(flash_kda::sm90::bwd::emu_launch_offsets(bp, nullptr), cudaSuccess);
+  if (flash_kda::sm90::bwd::emu_launch_offsets(bp, nullptr) != cudaSuccess) {
+    ADD_FAILURE() << "the offsets kernel failed";
+    return {};
+  }
   const int64_t N = ps.num_seqs, HV = ps.value_heads, K = 128, V = 128;
   HostTensor out(DType::F64, prob.out.shape());
   flash_kda::ForwardArgs fa = forward;
@@ -107,31 +126,54 @@ TEST_P(BackwardEmu, MatchesReference) {
                       {"dA_log", &got.dA_log, &ref.dA_log},
                       {"ddt_bias", &got.ddt_bias, &ref.ddt_bias},
                       {"d_initial_state", &got.d_initial_state, &ref.d_initial_state}};
+  std::vector<GradError> errors;
   std::string report;
   for (const Out& o : outs) {
     if (!o.ref->defined()) continue;
     const std::vector<double> got = o.got->values();
     size_t bad = 0;
     for (double x : got) bad += !std::isfinite(x);
-    EXPECT_EQ(bad, 0u) << o.name << ": elements not finite";
-    const double err = flash_kda::testing::rel_frobenius(got, o.ref->values());
-    EXPECT_LE(err, kBound) << o.name;
+    errors.push_back({o.name, flash_kda::testing::rel_frobenius(got, o.ref->values()), bad});
     char line[96];
-    std::snprintf(line, sizeof line, " %s %.2e", o.name, err);
+    std::snprintf(line, sizeof line, " %s %.2e", o.name, errors.back().err);
     report += line;
   }
   const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
   std::printf("[ %s ]%s (kernels %.0f ms, case %.0f ms)\n", tc.name.c_str(), report.c_str(), ms(t_end - t_kernels),
               ms(t_end - t_start));
+  return errors;
 }
 
-/// B sequences of T tokens, one head (H = HV = 1), the default gate and states.
-KdaConfig fixed(int64_t B, int64_t T) {
-  KdaConfig c;
-  c.batch = B;
-  c.seqlen = T;
-  c.heads = c.value_heads = 1;
-  return c;
+class BackwardEmu : public ::testing::TestWithParam<BackwardCase> {};
+
+TEST_P(BackwardEmu, MatchesReference) {
+  const std::vector<GradError> errors = run_case(GetParam());
+  EXPECT_GE(errors.size(), 6u) << "dq, dk, dv, dg, dbeta and at least one more";
+  for (const GradError& e : errors) {
+    EXPECT_EQ(e.not_finite, 0u) << e.name << ": elements not finite";
+    EXPECT_LE(e.err, kBound) << e.name;
+  }
+}
+
+// dA_log and ddt_bias are sums over all of a head's tokens; on one short sequence without an
+// initial state their terms cancel, and any product left in plain tf32 leaves them ~1e-3 to
+// 7e-3 off (fla: ~1e-4 on the GPU grid's point safe_T17_H1_nostate). In 3xTF32 the model
+// measures ~2e-6. Sixteen fresh draws of that point, each held to 2e-4.
+TEST(BackwardEmuSums, ScalarGradientsStayAccurateUnderCancellation) {
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    KdaConfig c = fixed(2, 17);
+    c.with_initial_state = false;
+    c.seed = 1000 + seed;
+    const std::vector<GradError> errors = run_case({"safe_b2_t17_no_state_seed" + std::to_string(seed), c});
+    int checked = 0;
+    for (const GradError& e : errors) {
+      if (std::string(e.name) != "dA_log" && std::string(e.name) != "ddt_bias") continue;
+      ++checked;
+      EXPECT_EQ(e.not_finite, 0u) << e.name << ", seed " << seed;
+      EXPECT_LE(e.err, 2e-4) << e.name << ", seed " << seed;
+    }
+    EXPECT_EQ(checked, 2) << "the safe gate with A_log and dt_bias has both gradients";
+  }
 }
 
 std::vector<BackwardCase> cases() {

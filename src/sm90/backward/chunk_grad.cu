@@ -21,13 +21,14 @@
 // buffer while the last slice is computed.
 // Per slice s (a block barrier before it, after which slice s + 1's copies are issued; slices 0
 // and 1 go before the loop):
-//   A   warps 0-3 own slice columns 8w .. 8w + 7: X (3xTF32 mma, in place of v), then U (3xTF32
-//       mma; every token of the warp's columns is the warp's, so a warp barrier suffices);
-//       warps 4-7 own columns 8(w - 4) ..: dU (mma), then dR (3xTF32 mma) and dv, and the
-//       slice's terms of the row sums of dS o S (grad_decay's state term).
+//   A   warps 0-3 own slice columns 8w .. 8w + 7: X (in place of v), then U (every token of
+//       the warp's columns is the warp's, so a warp barrier suffices); warps 4-7 own columns
+//       8(w - 4) ..: dU, then dR and dv, and the slice's terms of the row sums of dS o S
+//       (grad_decay's state term).
 //   B   (after a block barrier) warp w adds the slice's terms of dkd, dqd, dkr on key columns
-//       16w .. 16w + 15 (mma, accumulators in registers across slices); warps 0-3 those of dL,
-//       dM (one 8-column n-tile each), warps 4-7 those of dR . X per token.
+//       16w .. 16w + 15 (accumulators in registers across slices); warps 0-3 those of dL, dM
+//       (one 8-column n-tile each), warps 4-7 those of dR . X per token.
+// Every product is a 3xTF32 mma.sync (chunk_grad_products.cuh says why).
 // Every accumulator adds its slices in order and its lanes in a fixed tree: deterministic.
 // Then, after a barrier: dkd, dqd, dkr, dL, dM, the row sums and dR . X to shared memory; db
 // per token; then the channel phase: a thread per (key channel, pair parity) adds the pair terms of dq, dk, dG

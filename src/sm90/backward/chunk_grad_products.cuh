@@ -8,13 +8,18 @@
 // slice at a time. Each product is a 16-row result computed by one warp on one or two mma
 // n-tiles of 8 columns, the contraction looping in steps of 8:
 //
-//   X  = v - kd S        (a slice's columns; kd S in 3xTF32, since X is a difference of like
-//                         magnitudes; contraction over K)
+//   X  = v - kd S        (a slice's columns; contraction over K)
 //   dU = M^T dO + kr dS  (a slice's columns; contraction over the 16 tokens, then K)
-//   U = Tinv diag(b) X, dR = Tinv^T dU   (a slice's columns, 3xTF32; over the 16 tokens)
+//   U = Tinv diag(b) X, dR = Tinv^T dU   (a slice's columns; over the 16 tokens)
 //   dkd += dR S^T, dqd += dO S^T, dkr += U dS^T   (16 key columns per warp; contraction over
 //                         the slice's value columns, one pass over S's and dS's fragments)
 //   dR U^T, dO U^T       (16 x 16, one n-tile of 8 per warp; contraction over the slice)
+//
+// Every product runs in 3xTF32 (mma_split), to about fp32's accuracy: X is a difference of like
+// magnitudes, and the gate's scalar gradients (dA_log, ddt_bias: sums over all of a head's
+// tokens of dg, whose terms cancel where the state forgets fast) inherit the error of every
+// product above; plain tf32 in any one of them leaves dA_log about 1e-3 off on a 17-token
+// sequence where fla's error is 1e-4 (docs/notes/2026-12-02_backward-stalls.md).
 //
 // Layouts (floats):
 //   state slices: element (key c, value v of the slice) of a k-first slice (KFirstSlice: S in
@@ -77,7 +82,7 @@ struct VFirstSlice {
   static FKDA_HOST_DEVICE int off(int c, int v) { return v * kGradDim + (c ^ state_swizzle(v)); }
 };
 
-/// acc += kd S for slice columns nb .. nb + 7 of the 16 x kSliceV result (3xTF32). The even
+/// acc += kd S for slice columns nb .. nb + 7 of the 16 x kSliceV result. The even
 /// and odd steps of k go to two accumulators, met at the end: two dependent chains of mma
 /// instead of one.
 template <class L, class W>
@@ -103,20 +108,19 @@ FKDA_HOST_DEVICE void product_dU(const W& w, typename W::C& acc, int nb, const f
   for (int j0 = 0; j0 < kC; j0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return M[(j0 + k) * kC + r]; });
     const typename W::B b = w.load_b([&](int k, int n) { return dO[(j0 + k) * kRowLd + nb + n]; });
-    w.mma(part[0], a, b);
+    w.mma_split(part[0], a, b);
   }
   FKDA_BWD_UNROLL
   for (int k0 = 0; k0 < kGradDim; k0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return kr[r * kRowLd + k0 + k]; });
     const typename W::B b = w.load_b([&](int k, int n) { return dS[KFirstSlice::off(k0 + k, nb + n)]; });
-    w.mma(part[(k0 / 8) & 1], a, b);
+    w.mma_split(part[(k0 / 8) & 1], a, b);
   }
   w.add(part[0], part[1]);
   w.add(acc, part[0]);
 }
 
-/// acc += Tinv diag(b) X for slice columns nb .. nb + 7 of the 16 x kSliceV result (U; 3xTF32,
-/// so that U keeps X's fp32 accuracy); X points at the slice's first column of the X tile. Tinv
+/// acc += Tinv diag(b) X for slice columns nb .. nb + 7 of the 16 x kSliceV result (U); X points at the slice's first column of the X tile. Tinv
 /// is unit lower triangular with zeros above the diagonal (records.h), so the product over all
 /// 16 tokens is the triangular one.
 template <class W>
@@ -129,7 +133,7 @@ FKDA_HOST_DEVICE void product_solve_U(const W& w, typename W::C& acc, int nb, co
   }
 }
 
-/// acc += Tinv^T dU for slice columns nb .. nb + 7 of the 16 x kSliceV result (dR; 3xTF32);
+/// acc += Tinv^T dU for slice columns nb .. nb + 7 of the 16 x kSliceV result (dR);
 /// dU is a slice row tile.
 template <class W>
 FKDA_HOST_DEVICE void product_solve_dR(const W& w, typename W::C& acc, int nb, const float* Tinv, const float* dU) {
@@ -142,23 +146,24 @@ FKDA_HOST_DEVICE void product_solve_dR(const W& w, typename W::C& acc, int nb, c
 
 /// dkd[nt] += dR S^T, dqd[nt] += dO S^T, dkr[nt] += U dS^T for key columns n0 + 8 nt .. + 7 of
 /// the 16 x K results, contracted over one slice (S's fragments shared by the first two). dR and
-/// U are slice row tiles, dO points at the slice's first column of the dO tile.
+/// U are slice row tiles, dO points at the slice's first column of the dO tile. Each operand is
+/// split into its tf32 head and tail once and meets the others split.
 template <class L, class W>
 FKDA_HOST_DEVICE void product_state_T(const W& w, typename W::C (&dkd)[2], typename W::C (&dqd)[2],
                                       typename W::C (&dkr)[2], int n0, const float* dR, const float* dO,
                                       const float* U, const float* S, const float* dS) {
   FKDA_BWD_UNROLL_2
   for (int k0 = 0; k0 < kSliceV; k0 += 8) {
-    const typename W::A aR = w.load_a([&](int r, int k) { return dR[r * kSliceLd + k0 + k]; });
-    const typename W::A aO = w.load_a([&](int r, int k) { return dO[r * kRowLd + k0 + k]; });
-    const typename W::A aU = w.load_a([&](int r, int k) { return U[r * kSliceLd + k0 + k]; });
+    const auto aR = w.split(w.load_a([&](int r, int k) { return dR[r * kSliceLd + k0 + k]; }));
+    const auto aO = w.split(w.load_a([&](int r, int k) { return dO[r * kRowLd + k0 + k]; }));
+    const auto aU = w.split(w.load_a([&](int r, int k) { return U[r * kSliceLd + k0 + k]; }));
     for (int nt = 0; nt < 2; ++nt) {
       const int nb = n0 + 8 * nt;
-      const typename W::B bS = w.load_b([&](int k, int n) { return S[L::off(nb + n, k0 + k)]; });
-      const typename W::B bD = w.load_b([&](int k, int n) { return dS[KFirstSlice::off(nb + n, k0 + k)]; });
-      w.mma(dkd[nt], aR, bS);
-      w.mma(dqd[nt], aO, bS);
-      w.mma(dkr[nt], aU, bD);
+      const auto bS = w.split(w.load_b([&](int k, int n) { return S[L::off(nb + n, k0 + k)]; }));
+      const auto bD = w.split(w.load_b([&](int k, int n) { return dS[KFirstSlice::off(nb + n, k0 + k)]; }));
+      w.mma_split(dkd[nt], aR, bS);
+      w.mma_split(dqd[nt], aO, bS);
+      w.mma_split(dkr[nt], aU, bD);
     }
   }
 }
@@ -172,7 +177,7 @@ FKDA_HOST_DEVICE void product_pairs(const W& w, typename W::C& acc, int j0, cons
   for (int k0 = 0; k0 < kSliceV; k0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return P[r * ld + k0 + k]; });
     const typename W::B b = w.load_b([&](int k, int n) { return U[(j0 + n) * kSliceLd + k0 + k]; });
-    w.mma(acc, a, b);
+    w.mma_split(acc, a, b);
   }
 }
 

@@ -116,6 +116,38 @@ struct DeviceWarp {
     }
     mma_split_b(c, ah, al, b);
   }
+  /// An operand as its tf32 head and tail registers (3xTF32), split once for an operand that
+  /// meets several others (mma_split on split operands).
+  struct SplitA {
+    uint32_t hi[4], lo[4];
+  };
+  struct SplitB {
+    uint32_t hi[2], lo[2];
+  };
+  __device__ __forceinline__ SplitA split(const A& a) const {
+    SplitA s;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      s.hi[r] = ptx::tf32(a.x[r]);
+      s.lo[r] = ptx::tf32(a.x[r] - __uint_as_float(s.hi[r] & 0xffffe000u));
+    }
+    return s;
+  }
+  __device__ __forceinline__ SplitB split(const B& b) const {
+    SplitB s;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      s.hi[r] = ptx::tf32(b.x[r]);
+      s.lo[r] = ptx::tf32(b.x[r] - __uint_as_float(s.hi[r] & 0xffffe000u));
+    }
+    return s;
+  }
+  /// c += a b to about fp32 accuracy from split operands: the three products of mma_split.
+  __device__ __forceinline__ void mma_split(C& c, const SplitA& a, const SplitB& b) const {
+    ptx::mma_tf32(c.x, a.lo, b.hi);
+    ptx::mma_tf32(c.x, a.hi, b.lo);
+    ptx::mma_tf32(c.x, a.hi, b.hi);
+  }
   /// mma_split with A already split (tf32_split: hi and lo exact tf32 numbers), for an operand
   /// that several warps read: split once where it is written rather than by every reader.
   __device__ __forceinline__ void mma_split_a(C& c, const A& hi, const A& lo, const B& b) const {
