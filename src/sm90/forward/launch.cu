@@ -39,6 +39,7 @@ PrepareParams prepare_params(const ForwardArgs& a, const ProblemShape& p) {
   pp.group = static_cast<int>(p.value_heads / p.heads);
   pp.scale = static_cast<float>(p.scale);
   pp.lower_bound = static_cast<float>(a.lower_bound);
+  pp.flashkda_flags = prepare_flashkda_flags(pp);
   pp.row_form = prepare_row_form(pp);
   return pp;
 }

@@ -273,14 +273,17 @@ Plan make_plan(const PlanInput& in, const WorkspaceLayout& at) {
   return plan;
 }
 
+bool prepare_flashkda_flags(const PrepareParams& p) {
+  // beta_mul 1: without allow_neg_eigval (params.h).
+  return p.gate == GateMode::SafeSigmoid && p.A_log != nullptr && p.dt_bias != nullptr && p.l2norm &&
+         p.beta_sigmoid && p.beta_mul == 1.f;
+}
+
 RowForm prepare_row_form(const PrepareParams& p) {
   const bool dense = p.q_rows.dense(p.heads, 2 * kHeadDim) && p.k_rows.dense(p.heads, 2 * kHeadDim) &&
                      p.g_rows.dense(p.value_heads, (p.g_is_f32 ? 4 : 2) * kHeadDim) &&
                      p.beta_rows.dense(p.value_heads, p.beta_is_f32 ? 4 : 2);
-  // beta_mul 1: without allow_neg_eigval (params.h).
-  if (dense && p.gate == GateMode::SafeSigmoid && p.A_log != nullptr && p.dt_bias != nullptr && p.l2norm &&
-      p.beta_sigmoid && p.beta_mul == 1.f)
-    return RowForm::Dense;
+  if (dense && p.flashkda_flags) return RowForm::Dense;
   return p.q_rows.flat() && p.k_rows.flat() && p.g_rows.flat() && p.beta_rows.flat() ? RowForm::Flat
                                                                                        : RowForm::General;
 }

@@ -95,10 +95,15 @@ void validate_options(const LaunchOptions& options);
 void validate_device_options(const LaunchOptions& options, const DeviceProps& device);
 
 struct PrepareParams;
+/// Whether a call whose parameter block `p` is filled (but for flashkda_flags and row_form)
+/// has FlashKDA's flags: the safe gate with A_log and dt_bias, the L2 norm, b = sigmoid(beta)
+/// without allow_neg_eigval. The prepare kernel then has them fixed at compile time, whatever
+/// the inputs' strides.
+bool prepare_flashkda_flags(const PrepareParams& p);
 /// The prepare kernel's row form for a call whose parameter block `p` is filled but for
-/// row_form: Dense for FlashKDA's own call (the safe gate with A_log and dt_bias, the L2 norm,
-/// b = sigmoid(beta) and every input dense), else Flat when every input is flat()
-/// (row_layout.h: varlen, contiguous tensors, views of a fused projection), else General.
+/// row_form: Dense for FlashKDA's own call (p.flashkda_flags and every input dense), else Flat
+/// when every input is flat() (row_layout.h: varlen, contiguous tensors, views of a fused
+/// projection), else General.
 RowForm prepare_row_form(const PrepareParams& p);
 
 struct WorkspaceLayout;

@@ -298,12 +298,13 @@ inline constexpr int kPrepareBlocksPerSm = kGate == GateMode::SafeSigmoid ? 7 : 
 // prepare_row_form in plan.cpp). General: RowLayout::offset, any batch stride. Flat: the batch
 // folded into the flat token (RowLayout::flattened): without the batch term and the per-block
 // local token the safe gate fits 72 registers with no spill (General: 7 spill pairs, bf16 g).
-// Dense: FlashKDA's own call (safe gate only): its dense rows and its flags are constants here,
-// so the call costs no instruction of the other modes.
-template <bool kGF32, GateMode kGate, RowForm kRows>
+// Dense: every input dense, constant strides (FlashKDA's own call alone).
+// kFlashKDA: FlashKDA's flags (PrepareParams::flashkda_flags; safe gate only) are constants
+// here, so its call costs no instruction of the other modes, whatever its rows' form.
+template <bool kGF32, GateMode kGate, RowForm kRows, bool kFlashKDA>
 __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_kernel(const PrepareParams p) {
-  constexpr bool kFlashKDA = kRows == RowForm::Dense;
   static_assert(!kFlashKDA || kGate == GateMode::SafeSigmoid, "FlashKDA's call is the safe gate's");
+  static_assert(kRows != RowForm::Dense || kFlashKDA, "the dense form is FlashKDA's call's");
   __shared__ __align__(16) Smem sm;
   // The state pass is this kernel's programmatic dependent launch (plan.cpp): once every block
   // has started, i.e. in the last wave, its blocks may take the SMs this grid leaves idle and
@@ -801,18 +802,23 @@ __global__ void __launch_bounds__(kThreads, kPrepareBlocksPerSm<kGate>) prepare_
   }
 }
 
-template <GateMode kGate, RowForm kRows>
+template <GateMode kGate, RowForm kRows, bool kFlashKDA = false>
 cudaError_t launch_form(const PrepareParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
-  return p.g_is_f32 ? launch_planned<prepare_kernel<true, kGate, kRows>>(k, context_key, p, stream)
-                    : launch_planned<prepare_kernel<false, kGate, kRows>>(k, context_key, p, stream);
+  return p.g_is_f32 ? launch_planned<prepare_kernel<true, kGate, kRows, kFlashKDA>>(k, context_key, p, stream)
+                    : launch_planned<prepare_kernel<false, kGate, kRows, kFlashKDA>>(k, context_key, p, stream);
 }
 
-// Every gate has the General and Flat forms; Dense is FlashKDA's call, the safe gate's alone
-// (prepare_row_form picks it only there; dense inputs are flat, so Flat would serve them too).
+// Every gate has the General and Flat forms with its flags read at run time. FlashKDA's flags
+// (the safe gate's alone) have the Dense form (its contiguous call) and the Flat one (its call
+// on views of a fused projection, which then costs what the contiguous one does); with inputs
+// that are not flat they take the General form, flags at run time.
 template <GateMode kGate>
 cudaError_t launch_gate(const PrepareParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
-  if constexpr (kGate == GateMode::SafeSigmoid)
-    if (p.row_form == RowForm::Dense) return launch_form<kGate, RowForm::Dense>(p, k, context_key, stream);
+  if constexpr (kGate == GateMode::SafeSigmoid) {
+    if (p.row_form == RowForm::Dense) return launch_form<kGate, RowForm::Dense, true>(p, k, context_key, stream);
+    if (p.row_form == RowForm::Flat && p.flashkda_flags)
+      return launch_form<kGate, RowForm::Flat, true>(p, k, context_key, stream);
+  }
   return p.row_form == RowForm::General ? launch_form<kGate, RowForm::General>(p, k, context_key, stream)
                                         : launch_form<kGate, RowForm::Flat>(p, k, context_key, stream);
 }
