@@ -125,19 +125,28 @@ struct EmuWarp {
     mma(c, hi, bl);
     mma(c, hi, bh);
   }
-  /// DeviceWarp's split operands: head and tail (the tail zero without tf32 rounding).
+  /// DeviceWarp's split operands: head and tail, each x truncated to tf32 (DeviceWarp::split);
+  /// without tf32 rounding the head is x and the tail zero.
   struct SplitA {
     A hi, lo;
   };
   struct SplitB {
     B hi, lo;
   };
+  float trunc(float x) const {
+    if (!tf32) return x;
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u &= 0xffffe000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+  }
   SplitA split(const A& a) const {
     SplitA s{a, a};
     for (int lane = 0; lane < 32; ++lane)
       for (int r = 0; r < 4; ++r) {
-        s.hi[lane].x[r] = round(a[lane].x[r]);
-        s.lo[lane].x[r] = round(a[lane].x[r] - s.hi[lane].x[r]);
+        s.hi[lane].x[r] = trunc(a[lane].x[r]);
+        s.lo[lane].x[r] = trunc(a[lane].x[r] - s.hi[lane].x[r]);
       }
     return s;
   }
@@ -145,8 +154,8 @@ struct EmuWarp {
     SplitB s{b, b};
     for (int lane = 0; lane < 32; ++lane)
       for (int r = 0; r < 2; ++r) {
-        s.hi[lane].x[r] = round(b[lane].x[r]);
-        s.lo[lane].x[r] = round(b[lane].x[r] - s.hi[lane].x[r]);
+        s.hi[lane].x[r] = trunc(b[lane].x[r]);
+        s.lo[lane].x[r] = trunc(b[lane].x[r] - s.hi[lane].x[r]);
       }
     return s;
   }

@@ -92,7 +92,7 @@ FKDA_HOST_DEVICE void product_residual(const W& w, typename W::C& acc, int nb, c
   for (int k0 = 0; k0 < kGradDim; k0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return kd[r * kRowLd + k0 + k]; });
     const typename W::B b = w.load_b([&](int k, int n) { return S[L::off(k0 + k, nb + n)]; });
-    w.mma_split(part[(k0 / 8) & 1], a, b);
+    w.mma_split(part[(k0 / 8) & 1], w.split(a), w.split(b));
   }
   w.add(part[0], part[1]);
   w.add(acc, part[0]);
@@ -108,13 +108,13 @@ FKDA_HOST_DEVICE void product_dU(const W& w, typename W::C& acc, int nb, const f
   for (int j0 = 0; j0 < kC; j0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return M[(j0 + k) * kC + r]; });
     const typename W::B b = w.load_b([&](int k, int n) { return dO[(j0 + k) * kRowLd + nb + n]; });
-    w.mma_split(part[0], a, b);
+    w.mma_split(part[0], w.split(a), w.split(b));
   }
   FKDA_BWD_UNROLL
   for (int k0 = 0; k0 < kGradDim; k0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return kr[r * kRowLd + k0 + k]; });
     const typename W::B b = w.load_b([&](int k, int n) { return dS[KFirstSlice::off(k0 + k, nb + n)]; });
-    w.mma_split(part[(k0 / 8) & 1], a, b);
+    w.mma_split(part[(k0 / 8) & 1], w.split(a), w.split(b));
   }
   w.add(part[0], part[1]);
   w.add(acc, part[0]);
@@ -129,7 +129,7 @@ FKDA_HOST_DEVICE void product_solve_U(const W& w, typename W::C& acc, int nb, co
   for (int j0 = 0; j0 < kC; j0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return Tinv[r * kC + j0 + k]; });
     const typename W::B x = w.load_b([&](int k, int n) { return b[j0 + k] * X[(j0 + k) * kRowLd + nb + n]; });
-    w.mma_split(acc, a, x);
+    w.mma_split(acc, w.split(a), w.split(x));
   }
 }
 
@@ -140,7 +140,7 @@ FKDA_HOST_DEVICE void product_solve_dR(const W& w, typename W::C& acc, int nb, c
   for (int j0 = 0; j0 < kC; j0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return Tinv[(j0 + k) * kC + r]; });
     const typename W::B d = w.load_b([&](int k, int n) { return dU[(j0 + k) * kSliceLd + nb + n]; });
-    w.mma_split(acc, a, d);
+    w.mma_split(acc, w.split(a), w.split(d));
   }
 }
 
@@ -177,7 +177,7 @@ FKDA_HOST_DEVICE void product_pairs(const W& w, typename W::C& acc, int j0, cons
   for (int k0 = 0; k0 < kSliceV; k0 += 8) {
     const typename W::A a = w.load_a([&](int r, int k) { return P[r * ld + k0 + k]; });
     const typename W::B b = w.load_b([&](int k, int n) { return U[(j0 + n) * kSliceLd + k0 + k]; });
-    w.mma_split(acc, a, b);
+    w.mma_split(acc, w.split(a), w.split(b));
   }
 }
 

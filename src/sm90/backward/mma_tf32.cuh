@@ -116,30 +116,33 @@ struct DeviceWarp {
     }
     mma_split_b(c, ah, al, b);
   }
-  /// An operand as its tf32 head and tail registers (3xTF32), split once for an operand that
-  /// meets several others (mma_split on split operands).
+  /// An operand as its tf32 head and tail (3xTF32), split once for an operand that meets
+  /// several others (mma_split on split operands). The split truncates: head = x with its low 13
+  /// bits cleared, tail = x - head (exact in fp32) with its low 13 bits cleared, both exact tf32
+  /// numbers, so the mma reads them as they are. Three integer and float operations an element
+  /// against four with two conversions (cvt.rna.tf32, a slower pipe) for a rounded split; the
+  /// tail keeps x to 2^-20 of x (rounded: 2^-22), which the products' fp32 accumulation of 128
+  /// terms already loses.
   struct SplitA {
     uint32_t hi[4], lo[4];
   };
   struct SplitB {
     uint32_t hi[2], lo[2];
   };
+  __device__ __forceinline__ static void split_trunc(float x, uint32_t& hi, uint32_t& lo) {
+    hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+  }
   __device__ __forceinline__ SplitA split(const A& a) const {
     SplitA s;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      s.hi[r] = ptx::tf32(a.x[r]);
-      s.lo[r] = ptx::tf32(a.x[r] - __uint_as_float(s.hi[r] & 0xffffe000u));
-    }
+    for (int r = 0; r < 4; ++r) split_trunc(a.x[r], s.hi[r], s.lo[r]);
     return s;
   }
   __device__ __forceinline__ SplitB split(const B& b) const {
     SplitB s;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      s.hi[r] = ptx::tf32(b.x[r]);
-      s.lo[r] = ptx::tf32(b.x[r] - __uint_as_float(s.hi[r] & 0xffffe000u));
-    }
+    for (int r = 0; r < 2; ++r) split_trunc(b.x[r], s.hi[r], s.lo[r]);
     return s;
   }
   /// c += a b to about fp32 accuracy from split operands: the three products of mma_split.
