@@ -22,7 +22,7 @@
 #
 # Knobs (environment): GPU_CHECK_STEPS (a comma list of the steps to run, e.g.
 # ctest,sanitize,pytest-gpu for one device call and pytest-rest,pytest-backward,pytest-gpu-large
-# for the next: the whole suite does not fit one 10-minute call), GPU_CHECK_BUDGET_S (whole-run deadline, default 560), GPU_CHECK_SKIP_BUILD=1
+# for the next: the whole suite does not fit one 10-minute call), GPU_CHECK_BUDGET_S (whole-run deadline, default 575), GPU_CHECK_SKIP_BUILD=1
 # (reuse the installed package and build-gpucheck/), GPU_CHECK_PYTEST_ARGS (extra pytest args),
 # GPU_CHECK_SKIP_BENCH=1, GPU_CHECK_SKIP_SANITIZE=1, GPU_CHECK_SKIP_TESTS=1 (no pytest steps: a
 # benchmark-only call), GPU_CHECK_BENCH_ARGS (e.g. --write-record), GPU_CHECK_PARALLEL=1 (the
@@ -34,7 +34,7 @@ LOG=$(mktemp -d /tmp/gpu-check.XXXXXX)
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$ROOT/.triton-cache}
 mkdir -p "$TRITON_CACHE_DIR"
 JOBS=$(nproc)
-BUDGET=${GPU_CHECK_BUDGET_S:-560}
+BUDGET=${GPU_CHECK_BUDGET_S:-575}
 export FLASH_KDA_REPORT_DIR=$LOG FLASH_KDA_REQUIRE_FLA=1
 export PIP_BREAK_SYSTEM_PACKAGES=1  # a GPU image's system Python may be marked externally managed
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
@@ -152,8 +152,10 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
   else
     rm -rf /tmp/gpu-check-triton && cp -r "$TRITON_CACHE_DIR" /tmp/gpu-check-triton
     # shellcheck disable=SC2086
-    run_bg pytest-all 450 env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest tests/python -v -rs \
-      -p no:cacheprovider -n "$((JOBS * 5 / 8 > 0 ? JOBS * 5 / 8 : 1))" -m "not large_memory" --timeout=420 \
+    # worksteal: idle workers take queued items from busy ones, so that the heavy items (the
+    # backward grid's points) do not wait behind them when the step nears its limit.
+    run_bg pytest-all 470 env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest tests/python -v -rs \
+      -p no:cacheprovider -n "$((JOBS * 5 / 8 > 0 ? JOBS * 5 / 8 : 1))" --dist worksteal -m "not large_memory" --timeout=420 \
       --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
   fi
   wait "${BG_PIDS[@]}"
