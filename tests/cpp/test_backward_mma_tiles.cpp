@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <set>
 #include <type_traits>
@@ -141,22 +142,24 @@ struct EmuWarp {
     std::memcpy(&x, &u, 4);
     return x;
   }
-  SplitA split(const A& a) const {
-    SplitA s{a, a};
+  /// hi, lo = the head and tail of every register of x.
+  template <class F>
+  void split_into(const F& x, F& hi, F& lo) const {
+    hi = lo = x;
     for (int lane = 0; lane < 32; ++lane)
-      for (int r = 0; r < 4; ++r) {
-        s.hi[lane].x[r] = trunc(a[lane].x[r]);
-        s.lo[lane].x[r] = trunc(a[lane].x[r] - s.hi[lane].x[r]);
+      for (size_t r = 0; r < std::size(x[lane].x); ++r) {
+        hi[lane].x[r] = trunc(x[lane].x[r]);
+        lo[lane].x[r] = trunc(x[lane].x[r] - hi[lane].x[r]);
       }
+  }
+  SplitA split(const A& a) const {
+    SplitA s;
+    split_into(a, s.hi, s.lo);
     return s;
   }
   SplitB split(const B& b) const {
-    SplitB s{b, b};
-    for (int lane = 0; lane < 32; ++lane)
-      for (int r = 0; r < 2; ++r) {
-        s.hi[lane].x[r] = trunc(b[lane].x[r]);
-        s.lo[lane].x[r] = trunc(b[lane].x[r] - s.hi[lane].x[r]);
-      }
+    SplitB s;
+    split_into(b, s.hi, s.lo);
     return s;
   }
   /// As DeviceWarp::mma_split on split operands.
