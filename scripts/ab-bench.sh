@@ -9,23 +9,36 @@
 # CUTLASS headers as for `pip install .` (CUTLASS_INCLUDE_DIR, default .cutlass/include).
 # AB_ROUNDS=n (default 1) runs A, B, A, B, ... n times each, so that the spread between two runs
 # of the same build is measured in the same session as the difference between the builds.
-# Output: $OUT (or ./ab-out)/{A,B}[-round]/results.{json,md} and the tables on stdout.
+# The two builds run at once, each on half the cores.
+# Output: the rounds' results.{json,md} under {A,B}[-round]/, and with AB_ROUNDS >= 2
+# compare.md (scripts/ab_compare.py: every case, training step and decode point, B against A),
+# in ./ab-out; under the device tool ($OUT set) the rounds go to $OUT/ab-results.tgz and
+# compare.md beside it, so that what comes back stays two files however many rounds ran. The
+# tables also go to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (($# >= 2)) || { echo "usage: $0 REV_A REV_B [bench args]" >&2; exit 2; }
 # shellcheck disable=SC2034  # A and B are read indirectly below, as ${!side}
 A=$1 B=$2
 shift 2
-dest=${OUT:-ab-out}
-export CUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR:-$PWD/.cutlass/include}
-export PIP_BREAK_SYSTEM_PACKAGES=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 tmp=$(mktemp -d)
+dest=ab-out
+[[ -n ${OUT:-} ]] && dest=$tmp/ab
+export CUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR:-$PWD/.cutlass/include}
+jobs=$(nproc)
+export PIP_BREAK_SYSTEM_PACKAGES=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(((jobs + 1) / 2))}
 trap 'git worktree remove --force "$tmp/A" 2>/dev/null; git worktree remove --force "$tmp/B" 2>/dev/null; rm -rf "$tmp"' EXIT
+pids=()
 for side in A B; do
   rev=${!side} src=$tmp/$side
   if [[ -d $rev ]]; then src=$rev; else git worktree add -q --detach "$src" "$rev"; fi
   python3 -m pip install -q --no-build-isolation --no-deps --target "$tmp/site-$side" "$src" \
-    >"$tmp/build-$side.log" 2>&1 || { tail -30 "$tmp/build-$side.log"; exit 1; }
+    >"$tmp/build-$side.log" 2>&1 &
+  pids+=($!)
+done
+for i in 0 1; do
+  side=$([[ $i == 0 ]] && echo A || echo B)
+  wait "${pids[$i]}" || { echo "build of $side failed:"; tail -30 "$tmp/build-$side.log"; exit 1; }
 done
 status=0
 rounds=${AB_ROUNDS:-1}
@@ -39,4 +52,11 @@ for ((round = 1; round <= rounds; round++)); do
       --no-plot --out-dir "$out" "$@" || status=$?
   done
 done
+if ((rounds > 1)); then
+  python3 scripts/ab_compare.py "$dest" | tee "$dest/compare.md" || true
+fi
+if [[ -n ${OUT:-} ]]; then
+  tar -czf "$OUT/ab-results.tgz" -C "$dest" .
+  [[ -f $dest/compare.md ]] && cp "$dest/compare.md" "$OUT/"
+fi
 exit "$status"

@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
 """Compare the rounds of scripts/ab-bench.sh (AB_ROUNDS >= 2): per case and mode, the median
 time of each build over its rounds, the run-to-run spread of each build (largest minus smallest
-of its rounds, over their mean), and B against A. A case passes when B is at most
+of its rounds, over their median), and B against A. A case passes when B is at most
 2% + the larger spread slower than A (the restructure issue's rule).
 
+Every section of the benchmark's results is compared: the forward cases ("cases"), the
+training steps ("train", --train) and the decode points ("decode", --decode), each by its case
+name, in every timing mode it has (eager, graph).
+
     scripts/ab_compare.py DIR   # DIR holds A-1/ B-1/ A-2/ B-2/ ... results.json
-Prints a Markdown table; exit status 1 when a case fails the rule.
+Prints a Markdown table; exit status 1 when a case fails the rule, 2 when DIR holds fewer than
+two rounds of each build.
 """
 import json
 import statistics
 import sys
 from pathlib import Path
+
+SECTIONS = ("cases", "train", "decode")
+MODES = ("eager", "graph")
 
 
 def load(d: Path, side: str) -> list[dict]:
@@ -18,14 +26,32 @@ def load(d: Path, side: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in runs]
 
 
-def medians(runs: list[dict], name: str, mode: str) -> list[float]:
+def medians(runs: list[dict], section: str, name: str, mode: str) -> list[float]:
+    """flash_kda's median time of entry `name` of `section` in `mode`, one per run that has it."""
     out = []
     for r in runs:
-        for c in r["cases"]:
+        for c in r.get(section) or []:
             if c["case"]["name"] == name:
                 m = c.get("times", {}).get("flash_kda", {}).get(mode, {}).get("median")
                 if m is not None:
                     out.append(m)
+    return out
+
+
+def rows(a: list[dict], b: list[dict]) -> list[dict]:
+    """One row per (section, case, mode) that both builds timed, in the first A run's order."""
+    out = []
+    for section in SECTIONS:
+        for c in a[0].get(section) or []:
+            name = c["case"]["name"]
+            for mode in MODES:
+                ta, tb = medians(a, section, name, mode), medians(b, section, name, mode)
+                if not ta or not tb:
+                    continue
+                ma, mb = statistics.median(ta), statistics.median(tb)
+                sa, sb = (max(ta) - min(ta)) / ma, (max(tb) - min(tb)) / mb
+                out.append({"section": section, "case": name, "mode": mode, "a": ma, "b": mb,
+                            "spread_a": sa, "spread_b": sb, "ok": mb / ma - 1 <= 0.02 + max(sa, sb)})
     return out
 
 
@@ -35,22 +61,13 @@ def main() -> int:
     if len(a) < 2 or len(b) < 2:
         print("need at least two rounds of each build", file=sys.stderr)
         return 2
-    names = [c["case"]["name"] for c in a[0]["cases"]]
-    print("| case | mode | A ms | B ms | B / A | spread A | spread B | verdict |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
-    failed = 0
-    for name in names:
-        for mode in ("eager", "graph"):
-            ta, tb = medians(a, name, mode), medians(b, name, mode)
-            if not ta or not tb:
-                continue
-            ma, mb = statistics.mean(ta), statistics.mean(tb)
-            sa, sb = (max(ta) - min(ta)) / ma, (max(tb) - min(tb)) / mb
-            ok = mb / ma - 1 <= 0.02 + max(sa, sb)
-            failed += not ok
-            print(f"| {name} | {mode} | {ma:.4f} | {mb:.4f} | {mb / ma:.3f} | {sa * 100:.1f}% | {sb * 100:.1f}% | "
-                  f"{'ok' if ok else 'SLOWER'} |")
-    return 1 if failed else 0
+    print("| section | case | mode | A ms | B ms | B / A | spread A | spread B | verdict |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---|")
+    table = rows(a, b)
+    for r in table:
+        print(f"| {r['section']} | {r['case']} | {r['mode']} | {r['a']:.4f} | {r['b']:.4f} | {r['b'] / r['a']:.3f} | "
+              f"{r['spread_a'] * 100:.1f}% | {r['spread_b'] * 100:.1f}% | {'ok' if r['ok'] else 'SLOWER'} |")
+    return 0 if all(r["ok"] for r in table) else 1
 
 
 if __name__ == "__main__":
