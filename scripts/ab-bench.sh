@@ -27,8 +27,12 @@ dest=ab-out
 export CUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR:-$PWD/.cutlass/include}
 jobs=$(nproc)
 export PIP_BREAK_SYSTEM_PACKAGES=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(((jobs + 1) / 2))}
-trap 'git worktree remove --force "$tmp/A" 2>/dev/null; git worktree remove --force "$tmp/B" 2>/dev/null; rm -rf "$tmp"' EXIT
 pids=()
+# On any exit: a build still running is stopped before its folder goes.
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; git worktree remove --force "$tmp/A" 2>/dev/null;
+  git worktree remove --force "$tmp/B" 2>/dev/null; rm -rf "$tmp"' EXIT
+# Earlier rounds in ./ab-out would enter this run's comparison.
+rm -rf "$dest"/A "$dest"/B "$dest"/A-* "$dest"/B-* "$dest/compare.md"
 for side in A B; do
   rev=${!side} src=$tmp/$side
   if [[ -d $rev ]]; then src=$rev; else git worktree add -q --detach "$src" "$rev"; fi

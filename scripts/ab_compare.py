@@ -9,8 +9,9 @@ training steps ("train", --train) and the decode points ("decode", --decode), ea
 name, in every timing mode it has (eager, graph).
 
     scripts/ab_compare.py DIR   # DIR holds A-1/ B-1/ A-2/ B-2/ ... results.json
-Prints a Markdown table; exit status 1 when a case fails the rule, 2 when DIR holds fewer than
-two rounds of each build.
+Prints a Markdown table; exit status 1 when a case fails the rule or only one build timed it
+(B failing a case is no speed-up), 2 when DIR holds fewer than two rounds of each build or no
+case both builds timed.
 """
 import json
 import statistics
@@ -22,7 +23,9 @@ MODES = ("eager", "graph")
 
 
 def load(d: Path, side: str) -> list[dict]:
-    runs = sorted(d.glob(f"{side}-*/results.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    """The results of rounds side-1, side-2, ... in round order (other folders are ignored)."""
+    runs = [p for p in d.glob(f"{side}-*/results.json") if p.parent.name.split("-", 1)[1].isdigit()]
+    runs.sort(key=lambda p: int(p.parent.name.split("-", 1)[1]))
     return [json.loads(p.read_text()) for p in runs]
 
 
@@ -39,14 +42,20 @@ def medians(runs: list[dict], section: str, name: str, mode: str) -> list[float]
 
 
 def rows(a: list[dict], b: list[dict]) -> list[dict]:
-    """One row per (section, case, mode) that both builds timed, in the first A run's order."""
+    """One row per (section, case, mode) that either build timed, in the first runs' order; a
+    row that only one build timed has None for the other's figures and fails."""
     out = []
     for section in SECTIONS:
-        for c in a[0].get(section) or []:
-            name = c["case"]["name"]
+        names = [c["case"]["name"] for r in (a[0], b[0]) for c in r.get(section) or []]
+        for name in dict.fromkeys(names):
             for mode in MODES:
                 ta, tb = medians(a, section, name, mode), medians(b, section, name, mode)
+                if not ta and not tb:
+                    continue
                 if not ta or not tb:
+                    out.append({"section": section, "case": name, "mode": mode, "a": None, "b": None,
+                                "spread_a": None, "spread_b": None, "ok": False,
+                                "missing": "A" if not ta else "B"})
                     continue
                 ma, mb = statistics.median(ta), statistics.median(tb)
                 sa, sb = (max(ta) - min(ta)) / ma, (max(tb) - min(tb)) / mb
@@ -64,7 +73,13 @@ def main() -> int:
     print("| section | case | mode | A ms | B ms | B / A | spread A | spread B | verdict |")
     print("|---|---|---|---:|---:|---:|---:|---:|---|")
     table = rows(a, b)
+    if not any(r["a"] is not None for r in table):
+        print("no case that both builds timed", file=sys.stderr)
+        return 2
     for r in table:
+        if r["a"] is None:
+            print(f"| {r['section']} | {r['case']} | {r['mode']} | | | | | | not timed by {r['missing']} |")
+            continue
         print(f"| {r['section']} | {r['case']} | {r['mode']} | {r['a']:.4f} | {r['b']:.4f} | {r['b'] / r['a']:.3f} | "
               f"{r['spread_a'] * 100:.1f}% | {r['spread_b'] * 100:.1f}% | {'ok' if r['ok'] else 'SLOWER'} |")
     return 0 if all(r["ok"] for r in table) else 1

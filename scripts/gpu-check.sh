@@ -154,7 +154,10 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     # shellcheck disable=SC2086
     # worksteal: idle workers take queued items from busy ones, so that the heavy items (the
     # backward grid's points) do not wait behind them when the step nears its limit.
-    run_bg pytest-all 470 env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest tests/python -v -rs \
+    # Its limit leaves the large-memory step (~10 s) 25 s of the budget.
+    pytest_cap=$((BUDGET - SECONDS - 45))
+    ((pytest_cap > 470)) && pytest_cap=470
+    run_bg pytest-all "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest tests/python -v -rs \
       -p no:cacheprovider -n "$((JOBS * 5 / 8 > 0 ? JOBS * 5 / 8 : 1))" --dist worksteal -m "not large_memory" --timeout=420 \
       --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
   fi

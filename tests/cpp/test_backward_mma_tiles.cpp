@@ -3,8 +3,8 @@
 // shared-memory layouts as the kernel, against naive products. The emulated mma rebuilds its
 // operands from the 32 lanes' registers by the PTX ISA's m16n8k8 .tf32 table (written out here,
 // independently of mma_tf32.cuh's frag_* functions) and optionally rounds them to tf32 as
-// cvt.rna does, so the tests also measure what tf32 costs, and what 3xTF32 buys for the
-// residual X = v - kd S when it cancels.
+// cvt.rn does (tf32_round_host), so the tests also measure what tf32 costs, and what 3xTF32
+// buys where a product cancels.
 #include <gtest/gtest.h>
 
 #include <array>

@@ -286,9 +286,9 @@ TEST(ForwardStridedGpu, FusedProjectionAndSlicesEqualTheContiguousCall) {
 // run with three sets of the same inputs: contiguous, views of fused projections (q, k slots of
 // [B, T, 3, H, K], g of [B, T, 2, HV, K], beta of [B, T, 2, HV]) and the same views over
 // buffers of more tokens a sequence. prepare_form says which form each takes (checked: each
-// form is run where the inputs allow it; FlashKDA's safe call on the fused views runs the Flat
-// form with its flags fixed, the others with their flags read); out and final_state must match
-// bit for bit.
+// form is run where the inputs allow it; on the fused views FlashKDA's safe call takes the Flat
+// form with its flags fixed, plan.h's prepare_flashkda_flags, the other calls the Flat form
+// with their flags read); out and final_state must match bit for bit.
 struct FormCase {
   const char* name;
   GateMode gate;

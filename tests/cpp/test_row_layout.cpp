@@ -111,12 +111,7 @@ TEST(RowLayout, ConstexprOnTheHost) {
 using flash_kda::GateMode;
 using flash_kda::sm90::PrepareParams;
 using flash_kda::sm90::prepare_flashkda_flags;
-
-/// The row form of p as launch.cu chooses it: its flags first, then its rows.
-RowForm row_form_of(PrepareParams p) {
-  p.flashkda_flags = prepare_flashkda_flags(p);
-  return flash_kda::sm90::prepare_row_form(p);
-}
+using flash_kda::sm90::prepare_row_form;
 
 const float kParam = 0.f;  // A_log / dt_bias: only their presence matters here
 
@@ -147,28 +142,28 @@ TEST(PrepareRowForm, FlashKdaCallsWithDenseInputsAreDense) {
       PrepareParams p = flashkda_call(rows_of(1, 0, 256), rows_of(1, 0, g32 ? 512 : 256), rows_of(1, 0, b32 ? 4 : 2));
       p.g_is_f32 = g32;
       p.beta_is_f32 = b32;
-      EXPECT_EQ(row_form_of(p), RowForm::Dense) << g32 << b32;
+      EXPECT_EQ(prepare_row_form(p), RowForm::Dense) << g32 << b32;
     }
 }
 
 TEST(PrepareRowForm, FusedProjectionViewsAreFlat) {
   // q and k slots of a [B, T, 3, H, K] projection, g of a [B, T, 2, HV, K] one, beta of [B, T, 2, HV].
   const PrepareParams p = flashkda_call(rows_of(3, 0, 256), rows_of(2, 0, 256), rows_of(2, 0, 2));
-  EXPECT_EQ(row_form_of(p), RowForm::Flat);
+  EXPECT_EQ(prepare_row_form(p), RowForm::Flat);
 }
 
 TEST(PrepareRowForm, OneInputThatIsNotFlatMakesItGeneral) {
   const RowLayout qk = rows_of(1, 0, 256), g = rows_of(1, 0, 256), beta = rows_of(1, 0, 2);
   const RowLayout sliced_qk = rows_of(1, 5, 256), sliced_g = rows_of(1, 5, 256), sliced_beta = rows_of(1, 5, 2);
-  EXPECT_EQ(row_form_of(flashkda_call(sliced_qk, g, beta)), RowForm::General);
-  EXPECT_EQ(row_form_of(flashkda_call(qk, sliced_g, beta)), RowForm::General);
-  EXPECT_EQ(row_form_of(flashkda_call(qk, g, sliced_beta)), RowForm::General);
+  EXPECT_EQ(prepare_row_form(flashkda_call(sliced_qk, g, beta)), RowForm::General);
+  EXPECT_EQ(prepare_row_form(flashkda_call(qk, sliced_g, beta)), RowForm::General);
+  EXPECT_EQ(prepare_row_form(flashkda_call(qk, g, sliced_beta)), RowForm::General);
   PrepareParams k_only = flashkda_call(qk, g, beta);
   k_only.k_rows = sliced_qk;
-  EXPECT_EQ(row_form_of(k_only), RowForm::General);
+  EXPECT_EQ(prepare_row_form(k_only), RowForm::General);
   PrepareParams softplus = flashkda_call(qk, sliced_g, beta);
   softplus.gate = GateMode::Softplus;
-  EXPECT_EQ(row_form_of(softplus), RowForm::General);
+  EXPECT_EQ(prepare_row_form(softplus), RowForm::General);
 }
 
 TEST(PrepareRowForm, DenseInputsOfOtherCallsAreFlat) {
@@ -176,7 +171,7 @@ TEST(PrepareRowForm, DenseInputsOfOtherCallsAreFlat) {
   auto form = [&](auto change) {
     PrepareParams p = flashkda_call(qk, g, beta);
     change(p);
-    return row_form_of(p);
+    return prepare_row_form(p);
   };
   EXPECT_EQ(form([](PrepareParams& p) { p.gate = GateMode::Softplus; }), RowForm::Flat);
   EXPECT_EQ(form([](PrepareParams& p) { p.gate = GateMode::PreGated, p.A_log = p.dt_bias = nullptr; }), RowForm::Flat);
@@ -189,7 +184,7 @@ TEST(PrepareRowForm, DenseInputsOfOtherCallsAreFlat) {
   EXPECT_EQ(form([](PrepareParams& p) { p.g_is_f32 = true; }), RowForm::Flat);
 }
 
-TEST(PrepareRowForm, FlashKdaFlagsAreFixedWhateverTheRows) {
+TEST(PrepareRowForm, FlashKdaFlagsDoNotDependOnTheRows) {
   const RowLayout qk = rows_of(1, 0, 256), g = rows_of(1, 0, 256), beta = rows_of(1, 0, 2);
   EXPECT_TRUE(prepare_flashkda_flags(flashkda_call(qk, g, beta)));
   EXPECT_TRUE(prepare_flashkda_flags(flashkda_call(rows_of(3, 0, 256), rows_of(2, 0, 256), rows_of(2, 0, 2))));
@@ -210,8 +205,8 @@ TEST(PrepareRowForm, FlashKdaFlagsAreFixedWhateverTheRows) {
 
 TEST(PrepareRowForm, VarlenIsNeverGeneral) {
   const RowLayout packed{0, 0, 3 * kH * 256, 256}, beta{0, 0, 2 * kH * 2, 2};
-  EXPECT_EQ(row_form_of(flashkda_call(packed, packed, beta)), RowForm::Flat);
-  EXPECT_EQ(row_form_of(flashkda_call(RowLayout{0, 0, kH * 256, 256}, RowLayout{0, 0, kH * 256, 256},
+  EXPECT_EQ(prepare_row_form(flashkda_call(packed, packed, beta)), RowForm::Flat);
+  EXPECT_EQ(prepare_row_form(flashkda_call(RowLayout{0, 0, kH * 256, 256}, RowLayout{0, 0, kH * 256, 256},
                                            RowLayout{0, 0, kH * 2, 2})),
             RowForm::Dense);
 }

@@ -55,7 +55,7 @@ def test_median_spread_and_verdict(tmp_path):
 
 
 def test_exit_status(tmp_path, capsys, monkeypatch):
-    _rounds(tmp_path, [5.14, 5.137], [5.566, 5.571])  # the 3xTF32 chunk products' +8.4%
+    _rounds(tmp_path, [5.14, 5.137], [5.566, 5.571])  # 8.4% slower
     monkeypatch.setattr("sys.argv", ["ab_compare.py", str(tmp_path)])
     assert ab_compare.main() == 1
     assert "| train | h32_fixed_8192 | eager | 5.1385 | 5.5685 | 1.084 |" in capsys.readouterr().out
@@ -63,5 +63,23 @@ def test_exit_status(tmp_path, capsys, monkeypatch):
 
 def test_needs_two_rounds(tmp_path, monkeypatch):
     _rounds(tmp_path, [1.0], [1.0])
+    monkeypatch.setattr("sys.argv", ["ab_compare.py", str(tmp_path)])
+    assert ab_compare.main() == 2
+
+
+def test_a_case_only_one_build_timed_fails(tmp_path, capsys, monkeypatch):
+    for rnd in (1, 2):
+        _write(tmp_path, "A", rnd, train=[_entry("h32_fixed_8192", eager=5.0), _entry("h96_fixed_8192", eager=14.0)])
+        _write(tmp_path, "B", rnd, train=[_entry("h32_fixed_8192", eager=5.0)])
+    (tmp_path / "A-old").mkdir()  # not a round: ignored
+    monkeypatch.setattr("sys.argv", ["ab_compare.py", str(tmp_path)])
+    assert ab_compare.main() == 1
+    assert "| train | h96_fixed_8192 | eager | | | | | | not timed by B |" in capsys.readouterr().out
+
+
+def test_nothing_both_builds_timed(tmp_path, monkeypatch):
+    for rnd in (1, 2):
+        _write(tmp_path, "A", rnd)
+        _write(tmp_path, "B", rnd)
     monkeypatch.setattr("sys.argv", ["ab_compare.py", str(tmp_path)])
     assert ab_compare.main() == 2

@@ -120,9 +120,9 @@ FKDA_HOST_DEVICE void product_dU(const W& w, typename W::C& acc, int nb, const f
   w.add(acc, part[0]);
 }
 
-/// acc += Tinv diag(b) X for slice columns nb .. nb + 7 of the 16 x kSliceV result (U); X points at the slice's first column of the X tile. Tinv
-/// is unit lower triangular with zeros above the diagonal (records.h), so the product over all
-/// 16 tokens is the triangular one.
+/// acc += Tinv diag(b) X for slice columns nb .. nb + 7 of the 16 x kSliceV result (U); X points
+/// at the slice's first column of the X tile. Tinv is unit lower triangular with zeros above the
+/// diagonal (records.h), so the product over all 16 tokens is the triangular one.
 template <class W>
 FKDA_HOST_DEVICE void product_solve_U(const W& w, typename W::C& acc, int nb, const float* Tinv, const float* b,
                                       const float* X) {

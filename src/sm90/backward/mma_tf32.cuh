@@ -120,9 +120,11 @@ struct DeviceWarp {
   /// several others (mma_split on split operands). The split truncates: head = x with its low 13
   /// bits cleared, tail = x - head (exact in fp32) with its low 13 bits cleared, both exact tf32
   /// numbers, so the mma reads them as they are. Three integer and float operations an element
-  /// against four with two conversions (cvt.rna.tf32, a slower pipe) for a rounded split; the
-  /// tail keeps x to 2^-20 of x (rounded: 2^-22), which the products' fp32 accumulation of 128
-  /// terms already loses.
+  /// against four with two conversions (cvt.rn.tf32, a slower pipe) for a rounded split. Each
+  /// operand keeps 2^-20 of itself; a product, without its tail x tail term, keeps about 2^-19
+  /// of itself (rounded split: 2^-21), its error pulling it toward zero by ~3e-7 on average.
+  /// That error is proportional to each product, so a sum of products that cancel keeps it
+  /// relative to the sum: far below the 1e-5 the gradients need (test_backward_mma_tiles.cpp).
   struct SplitA {
     uint32_t hi[4], lo[4];
   };

@@ -42,8 +42,9 @@ struct PrepareParams {
   bool beta_sigmoid;      // use_beta_sigmoid: b = beta_mul * sigmoid(beta) (else b = beta)
   float beta_mul;         // 2 with allow_neg_eigval, else 1
   // FlashKDA's flags (the safe gate with A_log and dt_bias, the L2 norm, b = sigmoid(beta)),
-  // chosen by prepare_flashkda_flags (plan.h): the kernel then has them fixed at compile time,
-  // so FlashKDA's call, the most common one, pays no instruction for the other modes' flags.
+  // chosen by prepare_flashkda_flags (plan.h): the kernel's Dense and Flat forms then have them
+  // fixed at compile time, so FlashKDA's call, the most common one, contiguous or on views of a
+  // fused projection, pays no instruction for the other modes' flags.
   bool flashkda_flags;
   // The kernel's addressing of q, k, g and beta (row_layout.h), chosen by prepare_row_form
   // (plan.h): Dense, FlashKDA's flags with every input dense (constant strides); Flat, every

@@ -283,7 +283,7 @@ RowForm prepare_row_form(const PrepareParams& p) {
   const bool dense = p.q_rows.dense(p.heads, 2 * kHeadDim) && p.k_rows.dense(p.heads, 2 * kHeadDim) &&
                      p.g_rows.dense(p.value_heads, (p.g_is_f32 ? 4 : 2) * kHeadDim) &&
                      p.beta_rows.dense(p.value_heads, p.beta_is_f32 ? 4 : 2);
-  if (dense && p.flashkda_flags) return RowForm::Dense;
+  if (dense && prepare_flashkda_flags(p)) return RowForm::Dense;
   return p.q_rows.flat() && p.k_rows.flat() && p.g_rows.flat() && p.beta_rows.flat() ? RowForm::Flat
                                                                                        : RowForm::General;
 }

@@ -97,11 +97,12 @@ void validate_device_options(const LaunchOptions& options, const DeviceProps& de
 struct PrepareParams;
 /// Whether a call whose parameter block `p` is filled (but for flashkda_flags and row_form)
 /// has FlashKDA's flags: the safe gate with A_log and dt_bias, the L2 norm, b = sigmoid(beta)
-/// without allow_neg_eigval. The prepare kernel then has them fixed at compile time, whatever
-/// the inputs' strides.
+/// without allow_neg_eigval. The prepare kernel then has them fixed at compile time in its Dense
+/// and Flat forms (the General form reads them at run time).
 bool prepare_flashkda_flags(const PrepareParams& p);
 /// The prepare kernel's row form for a call whose parameter block `p` is filled but for
-/// row_form: Dense for FlashKDA's own call (p.flashkda_flags and every input dense), else Flat
+/// flashkda_flags and row_form: Dense for FlashKDA's own call (prepare_flashkda_flags and every
+/// input dense), else Flat
 /// when every input is flat() (row_layout.h: varlen, contiguous tensors, views of a fused
 /// projection), else General.
 RowForm prepare_row_form(const PrepareParams& p);

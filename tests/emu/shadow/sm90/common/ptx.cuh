@@ -45,7 +45,8 @@ inline uint32_t tf32(float x) {
 
 /// The warp's m16n8k8 tf32 mma: the lanes' fragments gathered in one warp-wide step of the
 /// model, then each lane computes its four results from the 16 x 8 A and 8 x 8 B (fp32 sums in
-/// k order).
+/// k order). Each operand is read as its top 19 bits (a tf32 number), as the tensor core reads
+/// it, so that an operand the kernel failed to round or split costs here what it costs there.
 inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const char* file = __builtin_FILE(),
                      int line = __builtin_LINE()) {
   struct Frags {
@@ -57,9 +58,12 @@ inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
   float A[16][8], B[8][8];
   for (int src = 0; src < 32; ++src) {
     const int g = src / 4, t = src % 4;
+    uint32_t bits[6] = {all[src].a[0], all[src].a[1], all[src].a[2], all[src].a[3], all[src].b[0], all[src].b[1]};
     float f[6];
-    std::memcpy(f, all[src].a, 16);
-    std::memcpy(f + 4, all[src].b, 8);
+    for (int i = 0; i < 6; ++i) {
+      bits[i] &= 0xffffe000u;
+      std::memcpy(f + i, bits + i, 4);
+    }
     A[g][t] = f[0];
     A[g + 8][t] = f[1];
     A[g][t + 4] = f[2];
