@@ -26,7 +26,9 @@
 # (reuse the installed package and build-gpucheck/), GPU_CHECK_PYTEST_ARGS (extra pytest args),
 # GPU_CHECK_SKIP_BENCH=1, GPU_CHECK_SKIP_SANITIZE=1, GPU_CHECK_SKIP_TESTS=1 (no pytest steps: a
 # benchmark-only call), GPU_CHECK_BENCH_ARGS (e.g. --write-record), GPU_CHECK_PARALLEL=1 (the
-# whole suite in one call: ctest, both sanitizers and pytest at once, no benchmark; step 3 below).
+# whole suite in one call: ctest, both sanitizers and pytest at once, no benchmark; step 3 below),
+# GPU_CHECK_PYTEST_ITEMS=FILE (with GPU_CHECK_PARALLEL=1: pytest runs only the node ids in FILE,
+# e.g. the pytest-unfinished.txt that a run cut at its limit leaves in its logs).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -151,13 +153,20 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     skip_step pytest-all "GPU_CHECK_SKIP_TESTS=1"
   else
     rm -rf /tmp/gpu-check-triton && cp -r "$TRITON_CACHE_DIR" /tmp/gpu-check-triton
+    # What pytest-all runs: tests/python, or the node ids of GPU_CHECK_PYTEST_ITEMS (a file, one
+    # id a line, e.g. an earlier run's pytest-unfinished.txt), read by pytest's @file argument.
+    PYTEST_SELECTION=tests/python
+    [[ -n ${GPU_CHECK_PYTEST_ITEMS:-} ]] && PYTEST_SELECTION=@$GPU_CHECK_PYTEST_ITEMS
+    # The collected ids, for the list of those a cut run leaves unfinished (below).
+    "$PY" -m pytest "$PYTEST_SELECTION" --collect-only -q -p no:cacheprovider -m "not large_memory" 2>/dev/null |
+      grep '::' >"$LOG/pytest-collected.txt" &
     # shellcheck disable=SC2086
     # worksteal: idle workers take queued items from busy ones, so that the heavy items (the
     # backward grid's points) do not wait behind them when the step nears its limit.
     # Its limit leaves the large-memory step (~10 s) 25 s of the budget.
     pytest_cap=$((BUDGET - SECONDS - 45))
     ((pytest_cap > 470)) && pytest_cap=470
-    run_bg pytest-all "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest tests/python -v -rs \
+    run_bg pytest-all "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "$PYTEST_SELECTION" -v -rs \
       -p no:cacheprovider -n "$((JOBS * 5 / 8 > 0 ? JOBS * 5 / 8 : 1))" --dist worksteal -m "not large_memory" --timeout=420 \
       --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
   fi
@@ -170,6 +179,16 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     SECS[$name]=$secs
     echo "gpu-check:    $name: $st in ${secs}s"
   done
+  # A pytest-all cut at its limit: the collected ids it did not finish, for a second call with
+  # GPU_CHECK_PYTEST_ITEMS (xdist's -v lines: "[gwN] [ nn%] PASSED <id>").
+  if [[ ${STATUS[pytest-all]:-} == timeout* && -s $LOG/pytest-collected.txt ]]; then
+    sed -nE 's/^\[gw[0-9]+\] \[ *[0-9]+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (.*[^ ]) *$/\2/p' \
+      "$LOG/pytest-all.log" | sort -u >"$LOG/pytest-finished.txt"
+    sort -u "$LOG/pytest-collected.txt" | comm -23 - "$LOG/pytest-finished.txt" >"$LOG/pytest-unfinished.txt"
+    echo "gpu-check:    pytest-all left $(wc -l <"$LOG/pytest-unfinished.txt") of" \
+      "$(wc -l <"$LOG/pytest-collected.txt") items unfinished: pytest-unfinished.txt in the logs;" \
+      "GPU_CHECK_PYTEST_ITEMS=<that file> runs them"
+  fi
   if [[ ${GPU_CHECK_SKIP_TESTS:-0} == 1 ]]; then
     skip_step pytest-gpu-large "GPU_CHECK_SKIP_TESTS=1"
   else
