@@ -160,12 +160,13 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     # The collected ids, for the list of those a cut run leaves unfinished (below).
     "$PY" -m pytest "$PYTEST_SELECTION" --collect-only -q -p no:cacheprovider -m "not large_memory" 2>/dev/null |
       grep '::' >"$LOG/pytest-collected.txt" &
-    # shellcheck disable=SC2086
+    COLLECT_PID=$!
     # worksteal: idle workers take queued items from busy ones, so that the heavy items (the
     # backward grid's points) do not wait behind them when the step nears its limit.
     # Its limit leaves the large-memory step (~10 s) 25 s of the budget.
     pytest_cap=$((BUDGET - SECONDS - 45))
     ((pytest_cap > 470)) && pytest_cap=470
+    # shellcheck disable=SC2086
     run_bg pytest-all "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "$PYTEST_SELECTION" -v -rs \
       -p no:cacheprovider -n "$((JOBS * 5 / 8 > 0 ? JOBS * 5 / 8 : 1))" --dist worksteal -m "not large_memory" --timeout=420 \
       --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
@@ -181,6 +182,7 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
   done
   # A pytest-all cut at its limit: the collected ids it did not finish, for a second call with
   # GPU_CHECK_PYTEST_ITEMS (xdist's -v lines: "[gwN] [ nn%] PASSED <id>").
+  [[ -n ${COLLECT_PID:-} ]] && wait "$COLLECT_PID"
   if [[ ${STATUS[pytest-all]:-} == timeout* && -s $LOG/pytest-collected.txt ]]; then
     sed -nE 's/^\[gw[0-9]+\] \[ *[0-9]+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (.*[^ ]) *$/\2/p' \
       "$LOG/pytest-all.log" | sort -u >"$LOG/pytest-finished.txt"

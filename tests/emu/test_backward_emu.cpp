@@ -2,9 +2,9 @@
 // these very sources, compiled as host C++ in tests/emu/backward) run on the CPU model of
 // tests/emu/warp_emu.h and checked against flash_kda::reference_backward (fp64 reverse mode of
 // the token recurrence): the relative Frobenius error of every gradient <= 5e-3 (bf16 outputs
-// round at ~2e-3: the cases measure <= 2.5e-3; a 10% error
-// in one term of the records' Tinv fails four of the first seven). The forward recompute (wgmma and TMA, which
-// the model does not run) is the CPU reference forward's intermediate states in fp32, at the
+// round at ~2e-3: the cases measure <= 2.5e-3; a 10% error in one term of the records' Tinv
+// fails four of the first seven). The forward recompute (wgmma and TMA, which the model does
+// not run) is the CPU reference forward's intermediate states in fp32, at the
 // rows the emulated offsets kernel gives, as the GPU's recompute writes them. The workspace
 // starts as 0xff bytes (NaN), so that a kernel reading what nothing wrote fails the finite
 // checks. It catches indexing, bounds, barrier and algebra errors; not timing or memory

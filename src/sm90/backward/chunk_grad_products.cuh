@@ -18,8 +18,8 @@
 // Every product runs in 3xTF32 (mma_split), to about fp32's accuracy: X is a difference of like
 // magnitudes, and the gate's scalar gradients (dA_log, ddt_bias: sums over all of a head's
 // tokens of dg, whose terms cancel where the state forgets fast) inherit the error of every
-// product above; plain tf32 in any one of them leaves dA_log about 1e-3 off on a 17-token
-// sequence where fla's error is 1e-4 (docs/notes/2026-12-02_backward-stalls.md).
+// product above; plain tf32 in any one of them leaves dA_log 1e-3 or more off on a 17-token
+// sequence without a state (the CPU model; docs/notes/2026-12-02_chunk-products-3xtf32.md).
 //
 // Layouts (floats):
 //   state slices: element (key c, value v of the slice) of a k-first slice (KFirstSlice: S in

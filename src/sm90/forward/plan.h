@@ -102,9 +102,8 @@ struct PrepareParams;
 bool prepare_flashkda_flags(const PrepareParams& p);
 /// The prepare kernel's row form for a call whose parameter block `p` is filled but for
 /// flashkda_flags and row_form: Dense for FlashKDA's own call (prepare_flashkda_flags and every
-/// input dense), else Flat
-/// when every input is flat() (row_layout.h: varlen, contiguous tensors, views of a fused
-/// projection), else General.
+/// input dense), else Flat when every input is flat() (row_layout.h: varlen, contiguous
+/// tensors, views of a fused projection), else General.
 RowForm prepare_row_form(const PrepareParams& p);
 
 struct WorkspaceLayout;
