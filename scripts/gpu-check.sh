@@ -146,8 +146,10 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
   if [[ ${GPU_CHECK_SKIP_SANITIZE:-0} == 1 ]]; then
     skip_step sanitize "GPU_CHECK_SKIP_SANITIZE=1"
   else
-    run_bg sanitize-memcheck 430 "$PY" scripts/sanitize.py --tool memcheck --log-dir "$LOG" --timeout 420
-    run_bg sanitize-racecheck 450 "$PY" scripts/sanitize.py --tool racecheck --log-dir "$LOG" --timeout 440
+    # The tools' own logs go to sanitize/: $LOG/sanitize-<tool>.log is the step's log, which
+    # would otherwise overwrite them.
+    run_bg sanitize-memcheck 430 "$PY" scripts/sanitize.py --tool memcheck --log-dir "$LOG/sanitize" --timeout 420
+    run_bg sanitize-racecheck 450 "$PY" scripts/sanitize.py --tool racecheck --log-dir "$LOG/sanitize" --timeout 440
   fi
   if [[ ${GPU_CHECK_SKIP_TESTS:-0} == 1 ]]; then
     skip_step pytest-all "GPU_CHECK_SKIP_TESTS=1"

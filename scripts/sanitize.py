@@ -60,11 +60,12 @@ def judge_errors(label: str, errs) -> bool:
     return ok
 
 
-def run_variant_cases(torch) -> int:
+def run_variant_cases(torch, forward_only: bool = False) -> int:
     """The other entry points' variants, small: every chunk_kda case of tests/python/chunk_cases.py
     (gates, GVA, state layouts and dtypes, strided views, flags, varlen, padding) and extreme
-    softplus and pre-computed decays (the re-based Gram forms), with intermediate states; and
-    the decode over a pool with padded slots. Returns the number of wrong results."""
+    softplus and pre-computed decays (the re-based Gram forms), with intermediate states; then,
+    unless forward_only, the decode over a pool with padded slots and the backward's cases.
+    Returns the number of wrong results."""
     import dataclasses
 
     import flash_kda
@@ -101,6 +102,8 @@ def run_variant_cases(torch) -> int:
     ok = bool(torch.isfinite(h.float()).all())
     wrong += not ok
     print(f"sanitize: chunk_kda intermediate states: {'ok' if ok else 'WRONG'} (finite, {tuple(h.shape)})", flush=True)
+    if forward_only:
+        return wrong
     # The decode over a pool: [N] slots with a padded (-1) entry, each layout and pool dtype,
     # one token (the one-token kernels) and two, on 10 heads (8-row warp tiles) and 136 (a bf16
     # pool's wide tiles on 132 SMs: packed for one token, split for two); k-first bf16 with two
@@ -186,9 +189,10 @@ def run_backward_cases(torch) -> int:
     return wrong
 
 
-def run_cases(backward_only: bool = False) -> int:
+def run_cases(backward_only: bool = False, forward_only: bool = False) -> int:
     """The sanitized process: every case once, plus in-place state updates (with backward_only,
-    the backward's cases alone); 1 on a wrong result."""
+    the backward's cases alone; with forward_only, every case but the decode's and the
+    backward's); 1 on a wrong result."""
     from fwd_cases import Case, call_fwd, make_inputs, new_outputs, reference_errors, sm90_skip_reason
 
     reason = sm90_skip_reason()
@@ -238,7 +242,7 @@ def run_cases(backward_only: bool = False) -> int:
         call_fwd(x, out, final_state, launch_options=options)
         torch.cuda.synchronize()
         judge(case.name, x, out, final_state)
-    failures += run_variant_cases(torch)
+    failures += run_variant_cases(torch, forward_only)
     # cu_seqlens values past the end (clamped on the device: no fault, results not checked).
     x = make_inputs(Case("san_bad_cu_seqlens_fp32", heads=2, seq_lens=(20, 30, 10), state="fp32"))
     x.cu_seqlens = torch.tensor([0, 20, 1 << 40, 3], dtype=torch.int64, device=x.v.device)
@@ -277,10 +281,15 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=420.0, help="seconds allowed per tool")
     ap.add_argument("--backward-only", action="store_true",
                     help="only the backward's cases (chunk_kda with grad), e.g. after a backward-only change")
+    ap.add_argument("--forward-only", action="store_true",
+                    help="only the forward's cases (fwd and chunk_kda without grad), e.g. racecheck of a "
+                    "forward change: the whole set takes racecheck several minutes")
     ap.add_argument("--run-cases", action="store_true", help=argparse.SUPPRESS)  # the sanitized child
     args = ap.parse_args()
+    if args.backward_only and args.forward_only:
+        ap.error("--backward-only and --forward-only exclude each other")
     if args.run_cases:
-        return run_cases(args.backward_only)
+        return run_cases(args.backward_only, args.forward_only)
 
     sanitizer = _sanitizer()
     if sanitizer is None:
@@ -294,7 +303,8 @@ def main() -> int:
         cmd = [sanitizer, "--tool", tool, "--error-exitcode", "86", "--print-limit", "100"]
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
-        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases"] + (["--backward-only"] if args.backward_only else [])
+        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases"]
+        cmd += ["--backward-only"] * args.backward_only + ["--forward-only"] * args.forward_only
         log = open(log_path, "w")
         # Both tools at once: each is bound by one process's instrumented launches, not the GPU.
         procs[tool] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, log_path,
