@@ -66,6 +66,20 @@ def test_rows_without_fla_and_failing_check():
     assert row["check"] == "FAIL 2.0e-01"
 
 
+def test_notes_name_the_cases_of_a_merged_record_from_other_runs(tmp_path):
+    r = fake_results()
+    assert not any(line.startswith("from another run") for line in report.notes(r))
+    r["cases"][1]["from_run"] = "2026-12-02 00:35 UTC (an earlier session)"
+    lines = [line for line in report.notes(r) if line.startswith("from another run")]
+    assert lines == ["from another run than the others: h4_varlen_2x300 (safe gate): 2026-12-02 00:35 UTC "
+                     "(an earlier session)"]
+    report.write_markdown(r, tmp_path / "r.md")
+    assert "- " + lines[0] in (tmp_path / "r.md").read_text()
+    assert report.readme_table(r)[-2:] == ["", f"Note: {lines[0]}."]
+    del r["cases"][1]["from_run"]
+    assert report.readme_table(r)[-1].startswith("| geometric mean")
+
+
 def test_verdict_uses_fla_ratio():
     assert check.verdict({"out_err": 5e-3, "fla_out_err": 4e-3, "state_err": None})
     assert not check.verdict({"out_err": 7e-3, "fla_out_err": 4e-3})  # > 1.5x fla

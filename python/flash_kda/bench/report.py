@@ -7,7 +7,9 @@ Pure Python on the dict run_suite returns (no torch), so tests can feed fake res
    "cases": [{"case": Case.to_dict(), "floor_ms", "floor_bytes", "anchor": {flash_kda_ms,
               fla_ms, floor_ms} | None, "times": {"flash_kda"|"fla": {"eager"|"graph":
               {median, min, max, n}}}, "host_us": {"flash_kda": us per eager call} | absent,
-              "check": check_case dict | None, "errors": {what: msg}}],
+              "check": check_case dict | None, "errors": {what: msg},
+              "from_run": str | absent (a record merged from several runs: the run this case's
+              figures come from, when it is not the header's)}],
    "layer": layer result | absent,
    "decode": [{"case": DecodeCase.to_dict() (name, num_seqs, heads, T, state, pool_slots, indices),
                "floor_ms", "floor_bytes", "times": as the cases', "check": {out_err, state_err,
@@ -274,12 +276,24 @@ def notes(results: dict) -> list[str]:
     if planned is not None and len(cases) < planned:
         out.append(f"PARTIAL: {len(cases)} of {planned} cases finished (the run was stopped or is still going)")
     out += [CHECK_NOTE, L2_NOTE]
+    out += from_run_lines(cases)
     fla_ran = any("fla" in r.get("times", {}) for r in cases)
     if fla_ran:
         out.append(AUTOTUNE_NOTE)
         if any(r["case"].get("state") == "bf16" and "fla" in r.get("times", {}) for r in cases):
             out.append(BF16_FLA_NOTE)
     return out
+
+
+def from_run_lines(cases: list[dict]) -> list[str]:
+    """One note per earlier or later run that some cases of a merged record come from (their
+    `from_run`), naming those cases; nothing when every case is from the header's run."""
+    runs: dict[str, list[str]] = {}
+    for r in cases:
+        if r.get("from_run"):
+            c = r["case"]
+            runs.setdefault(r["from_run"], []).append(f"{c['name']} ({c.get('gate', 'safe')} gate)")
+    return [f"from another run than the others: {', '.join(names)}: {run}" for run, names in runs.items()]
 
 
 def _error_lines(results: dict) -> list[str]:
@@ -405,7 +419,8 @@ README_TABLE_END = "<!-- end of benchmark table -->"
 def readme_table(results: dict) -> list[str]:
     """The README's benchmark table of a run: per case of FlashKDA's configuration (is_plain)
     flash_kda eager and graph, fla eager and graph (same run), FlashKDA's anchor and the floor
-    (ms), then the eager geometric means."""
+    (ms), then the eager geometric means, and a line naming the rows from another run than
+    the rest (from_run_lines) when the record was merged from several."""
     head = ["case", "flash_kda ms", "graph ms", "fla ms (same run)", "fla graph ms",
             "FlashKDA ms (anchor, not this run)", "HBM floor ms"]
     lines = _table_head(head)
@@ -422,7 +437,8 @@ def readme_table(results: dict) -> list[str]:
                 cols[key].append(v)
     means = [_ms(_geomean(v)) if v else "-" for v in cols.values()]
     lines.append(f"| geometric mean (eager) | {means[0]} | | {means[1]} | | {means[2]} | |")
-    return lines
+    others = from_run_lines([r for r in results.get("cases", []) if is_plain(variant_of(r["case"]))])
+    return lines + [""] + [f"Note: {line}." for line in others] if others else lines
 
 
 def update_readme(readme: Path, results: dict) -> bool:
