@@ -16,6 +16,7 @@ errors or a case failed; 2 when compute-sanitizer or the GPU is missing.
 
     python3 scripts/sanitize.py                     # both tools, logs under ./sanitize-logs
     python3 scripts/sanitize.py --tool memcheck --log-dir $OUT
+    python3 scripts/sanitize.py --tool racecheck --parts backward --shard 1/2   # half the backward's cases
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
 TOOLS = ("memcheck", "racecheck")
+#: The case sets, in the order they run: flash_kda.fwd's and chunk_kda's forward cases, the
+#: decode over a pool, the backward's cases (chunk_kda with grad; the slowest under racecheck).
+PARTS = ("forward", "decode", "backward")
 DONE_MARK = "sanitize: all cases ran"
 
 
@@ -60,12 +64,11 @@ def judge_errors(label: str, errs) -> bool:
     return ok
 
 
-def run_variant_cases(torch, forward_only: bool = False) -> int:
-    """The other entry points' variants, small: every chunk_kda case of tests/python/chunk_cases.py
-    (gates, GVA, state layouts and dtypes, strided views, flags, varlen, padding) and extreme
-    softplus and pre-computed decays (the re-based Gram forms), with intermediate states; then,
-    unless forward_only, the decode over a pool with padded slots and the backward's cases.
-    Returns the number of wrong results."""
+def run_variant_cases(torch) -> int:
+    """The other entry points' forward variants, small: every chunk_kda case of
+    tests/python/chunk_cases.py (gates, GVA, state layouts and dtypes, strided views, flags,
+    varlen, padding) and extreme softplus and pre-computed decays (the re-based Gram forms), with
+    intermediate states. Returns the number of wrong results."""
     import dataclasses
 
     import flash_kda
@@ -102,8 +105,17 @@ def run_variant_cases(torch, forward_only: bool = False) -> int:
     ok = bool(torch.isfinite(h.float()).all())
     wrong += not ok
     print(f"sanitize: chunk_kda intermediate states: {'ok' if ok else 'WRONG'} (finite, {tuple(h.shape)})", flush=True)
-    if forward_only:
-        return wrong
+    return wrong
+
+
+def run_decode_cases(torch) -> int:
+    """The decode over a pool: [N] slots with padded entries and [N, T] slots with accepted
+    counts, each layout and pool dtype; finite outputs and zero padded rows. Returns the number
+    of wrong results."""
+    import flash_kda
+
+    dev = torch.device("cuda")
+    wrong = 0
     # The decode over a pool: [N] slots with a padded (-1) entry, each layout and pool dtype,
     # one token (the one-token kernels) and two, on 10 heads (8-row warp tiles) and 136 (a bf16
     # pool's wide tiles on 132 SMs: packed for one token, split for two); k-first bf16 with two
@@ -147,14 +159,19 @@ def run_variant_cases(torch, forward_only: bool = False) -> int:
         wrong += not ok
         print(f"sanitize: decode with [N, T] slots, -1 and >= P entries, accepted counts, fp32 inputs "
               f"({'v' if v_first else 'k'}-first): {'ok' if ok else 'WRONG'} (finite)", flush=True)
-    wrong += run_backward_cases(torch)
     return wrong
 
 
-def run_backward_cases(torch) -> int:
+def shard_cases(cases: list, shard: tuple[int, int]) -> list:
+    """The cases of shard (i, n): those whose index is i modulo n, in order."""
+    return [c for j, c in enumerate(cases) if j % shard[1] == shard[0]]
+
+
+def run_backward_cases(torch, shard: tuple[int, int] = (0, 1)) -> int:
     """The backward (chunk_kda with grad): every chunk_kda case of tests/python/chunk_cases.py
     that the backward serves, short, each gradient against autograd through the fp64 yardstick;
-    each reported by judge_errors. Returns the number of wrong results."""
+    each reported by judge_errors. shard (i, n): only the cases whose index is i modulo n.
+    Returns the number of wrong results."""
     import dataclasses
 
     import flash_kda
@@ -162,7 +179,7 @@ def run_backward_cases(torch) -> int:
 
     dev = torch.device("cuda")
     wrong = 0
-    for case in [dataclasses.replace(c, seqlen=min(c.seqlen, 40)) for c in CASES]:
+    for case in [dataclasses.replace(c, seqlen=min(c.seqlen, 40)) for c in shard_cases(CASES, shard)]:
         args, kw, real = make_call(case, dev)
         if kw.get("cu_seqlens") is not None and real != args[0].shape[1]:
             continue  # use_graph padding rows: the training path takes exact batches
@@ -189,11 +206,11 @@ def run_backward_cases(torch) -> int:
     return wrong
 
 
-def run_cases(backward_only: bool = False, forward_only: bool = False) -> int:
-    """The sanitized process: every case once, plus in-place state updates (with backward_only,
-    the backward's cases alone; with forward_only, every case but the decode's and the
-    backward's); 1 on a wrong result."""
-    from fwd_cases import Case, call_fwd, make_inputs, new_outputs, reference_errors, sm90_skip_reason
+def run_cases(parts=PARTS, shard: tuple[int, int] = (0, 1)) -> int:
+    """The sanitized process: every case of the parts named (PARTS) once, the forward's with
+    in-place state updates too; the backward's cases of `shard` only (run_backward_cases). 1 on
+    a wrong result."""
+    from fwd_cases import sm90_skip_reason
 
     reason = sm90_skip_reason()
     if reason:
@@ -202,15 +219,27 @@ def run_cases(backward_only: bool = False, forward_only: bool = False) -> int:
     import torch
 
     failures = 0
+    if "forward" in parts:
+        failures += run_forward_cases(torch)
+    if "decode" in parts:
+        failures += run_decode_cases(torch)
+    if "backward" in parts:
+        failures += run_backward_cases(torch, shard)
+    print(DONE_MARK if failures == 0 else f"sanitize: {failures} case(s) gave wrong results", flush=True)
+    return 1 if failures else 0
+
+
+def run_forward_cases(torch) -> int:
+    """flash_kda.fwd's cases (fixed, varlen, states, in place), its forced launch paths, the
+    chunk_kda variants (run_variant_cases) and cu_seqlens values past the end. Returns the
+    number of wrong results."""
+    from fwd_cases import Case, call_fwd, make_inputs, new_outputs, reference_errors
+
+    wrong = 0
 
     def judge(label, x, out, final_state) -> None:
-        nonlocal failures
-        failures += not judge_errors(label, [e for e in reference_errors(x, out, final_state) if e is not None])
-
-    if backward_only:
-        failures = run_backward_cases(torch)
-        print(DONE_MARK if failures == 0 else f"sanitize: {failures} case(s) gave wrong results", flush=True)
-        return 1 if failures else 0
+        nonlocal wrong
+        wrong += not judge_errors(label, [e for e in reference_errors(x, out, final_state) if e is not None])
 
     for case in _cases():
         x = make_inputs(case)
@@ -242,7 +271,7 @@ def run_cases(backward_only: bool = False, forward_only: bool = False) -> int:
         call_fwd(x, out, final_state, launch_options=options)
         torch.cuda.synchronize()
         judge(case.name, x, out, final_state)
-    failures += run_variant_cases(torch, forward_only)
+    wrong += run_variant_cases(torch)
     # cu_seqlens values past the end (clamped on the device: no fault, results not checked).
     x = make_inputs(Case("san_bad_cu_seqlens_fp32", heads=2, seq_lens=(20, 30, 10), state="fp32"))
     x.cu_seqlens = torch.tensor([0, 20, 1 << 40, 3], dtype=torch.int64, device=x.v.device)
@@ -250,8 +279,36 @@ def run_cases(backward_only: bool = False, forward_only: bool = False) -> int:
     call_fwd(x, out, final_state)
     torch.cuda.synchronize()
     print("sanitize: san_bad_cu_seqlens_fp32: ran (values clamped; results not checked)", flush=True)
-    print(DONE_MARK if failures == 0 else f"sanitize: {failures} case(s) gave wrong results", flush=True)
-    return 1 if failures else 0
+    return wrong
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    """Parse "forward,decode" into ("forward", "decode") (names of PARTS, each once, in PARTS'
+    order)."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if not names or names - set(PARTS):
+        raise argparse.ArgumentTypeError(f"want case sets among {', '.join(PARTS)}; got {text!r}")
+    return tuple(n for n in PARTS if n in names)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """Parse "1/3" into (1, 3): 0 <= I < N."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want I/N like 0/2; got {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"want 0 <= I < N; got {text!r}")
+    return i, n
+
+
+def _log_suffix(parts: tuple[str, ...], shard: tuple[int, int]) -> str:
+    """What a tool's log name gets for a subset of the cases ("" for all of them), so that
+    processes sharing a log folder (gpu-check's racecheck shards) keep their own logs:
+    "-backward-1of2" for --parts backward --shard 1/2."""
+    if parts == PARTS and shard == (0, 1):
+        return ""
+    return "-" + "+".join(parts) + (f"-{shard[0]}of{shard[1]}" if shard[1] > 1 else "")
 
 
 def _summary_errors(tool: str, text: str):
@@ -279,17 +336,17 @@ def main() -> int:
     ap.add_argument("--tool", choices=TOOLS, action="append", help="tool to run (repeatable; default: all)")
     ap.add_argument("--log-dir", default="sanitize-logs", help="where each tool's full output is written")
     ap.add_argument("--timeout", type=float, default=420.0, help="seconds allowed per tool")
-    ap.add_argument("--backward-only", action="store_true",
-                    help="only the backward's cases (chunk_kda with grad), e.g. after a backward-only change")
-    ap.add_argument("--forward-only", action="store_true",
-                    help="only the forward's cases (fwd and chunk_kda without grad), e.g. racecheck of a "
-                    "forward change: the whole set takes racecheck several minutes")
+    ap.add_argument("--parts", type=_parts, default=PARTS, metavar="PART,...",
+                    help="case sets to run, among " + ", ".join(PARTS) + " (default all), e.g. backward after "
+                    "a backward-only change: racecheck takes seconds for the forward's and minutes for the "
+                    "backward's")
+    ap.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
+                    help="only the backward cases whose index is I modulo N (default 0/1: all), so that "
+                    "N processes share them")
     ap.add_argument("--run-cases", action="store_true", help=argparse.SUPPRESS)  # the sanitized child
     args = ap.parse_args()
-    if args.backward_only and args.forward_only:
-        ap.error("--backward-only and --forward-only exclude each other")
     if args.run_cases:
-        return run_cases(args.backward_only, args.forward_only)
+        return run_cases(args.parts, args.shard)
 
     sanitizer = _sanitizer()
     if sanitizer is None:
@@ -299,12 +356,12 @@ def main() -> int:
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", CUDA_MODULE_LOADING="LAZY")
     procs = {}
     for tool in args.tool or TOOLS:
-        log_path = os.path.join(args.log_dir, f"sanitize-{tool}.log")
+        log_path = os.path.join(args.log_dir, f"sanitize-{tool}{_log_suffix(args.parts, args.shard)}.log")
         cmd = [sanitizer, "--tool", tool, "--error-exitcode", "86", "--print-limit", "100"]
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
-        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases"]
-        cmd += ["--backward-only"] * args.backward_only + ["--forward-only"] * args.forward_only
+        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases", "--parts", ",".join(args.parts),
+                "--shard", "/".join(map(str, args.shard))]
         log = open(log_path, "w")
         # Both tools at once: each is bound by one process's instrumented launches, not the GPU.
         procs[tool] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, log_path,
@@ -317,7 +374,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = proc.wait()
-            print(f"sanitize: {tool}: timed out after {args.timeout:.0f} s")
+            print(f"sanitize: {tool}{_log_suffix(args.parts, args.shard)}: timed out after {args.timeout:.0f} s")
         log.close()
         text = open(log_path, errors="replace").read()
         errors = _summary_errors(tool, text)
@@ -325,7 +382,7 @@ def main() -> int:
         ok = rc == 0 and errors == 0 and ran
         if not ok:
             status = max(status, 2 if "cannot run" in text else 1)
-        print(f"sanitize: {tool}: {'PASS' if ok else 'FAIL'} (exit {rc}, errors {errors}, "
+        print(f"sanitize: {tool}{_log_suffix(args.parts, args.shard)}: {'PASS' if ok else 'FAIL'} (exit {rc}, errors {errors}, "
               f"cases {'ran' if ran else 'did not all run'}; {time.monotonic() - t0:.0f} s; log {log_path})")
         if not ok:
             print("\n".join(text.splitlines()[-30:]))
