@@ -35,6 +35,13 @@ ROOT=$PWD
 LOG=$(mktemp -d /tmp/gpu-check.XXXXXX)
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$ROOT/.triton-cache}
 mkdir -p "$TRITON_CACHE_DIR"
+# fla's autotune choices of an earlier H200 run (scripts/fla-autotune-h200.tgz: the benchmark's
+# shapes, fla 0.6.0, Triton 3.6), when the cache holds none: the benchmark then compiles only the
+# chosen configurations instead of timing ~100 a kernel (minutes on a fresh machine); what it
+# lacks, it tunes. A Triton or fla of another version keys its cache differently and ignores them.
+if [[ -f $ROOT/scripts/fla-autotune-h200.tgz ]] && ! find "$TRITON_CACHE_DIR" -name '*.autotune.json' -print -quit | grep -q .; then
+  tar xzf "$ROOT/scripts/fla-autotune-h200.tgz" -C "$TRITON_CACHE_DIR" --strip-components=1
+fi
 JOBS=$(nproc)
 BUDGET=${GPU_CHECK_BUDGET_S:-575}
 export FLASH_KDA_REPORT_DIR=$LOG FLASH_KDA_REQUIRE_FLA=1
@@ -242,9 +249,11 @@ if [[ ${GPU_CHECK_SKIP_BENCH:-0} != 1 ]] &&
 fi
 # fla's kernels for the benchmark's shapes compile (scripts/warm_fla.py) on the other half of
 # the cores while the GPU tests run: on a fresh machine that compile is most of the benchmark.
-# With fla's autotune choices carried in .triton-cache/ (triton-autotune.tgz of an earlier run)
-# the benchmark compiles only the chosen configurations: no warm-up needed.
+# With fla's autotune choices for every shape carried in .triton-cache/ (triton-autotune.tgz of
+# an earlier run of the whole benchmark) the benchmark compiles only the chosen configurations:
+# no warm-up needed. GPU_CHECK_FLA_WARM=1 warms anyway (a cache of some shapes only).
 CARRIED_TUNING=$(find "$TRITON_CACHE_DIR" -name '*.autotune.json' 2>/dev/null | wc -l)
+[[ ${GPU_CHECK_FLA_WARM:-0} == 1 ]] && CARRIED_TUNING=0
 if ((HAVE_BENCH && CARRIED_TUNING == 0)); then
   WARM_T0=$SECONDS
   (timeout 300 "$PY" scripts/warm_fla.py --jobs "$((JOBS / 2))" >"$LOG/fla-warm.log" 2>&1; echo $? >"$LOG/fla-warm.rc") &
