@@ -9,6 +9,8 @@ import functools
 
 import pytest
 
+from _ordering import spread_evenly
+
 
 @functools.lru_cache(maxsize=None)
 def cuda_sm90_skip_reason() -> str | None:
@@ -38,9 +40,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda_sm90: needs PyTorch with CUDA and an sm_90 GPU (skipped otherwise)")
     config.addinivalue_line("markers", "large_memory: needs most of the GPU's memory; run it alone")
+    config.addinivalue_line("markers", "heavy: seconds to minutes an item on the GPU; spread through the "
+                            "collection order so that pytest-xdist's workers share them (_ordering.py)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = spread_evenly(items, lambda item: item.get_closest_marker("heavy") is not None)
     marked = [item for item in items if item.get_closest_marker("cuda_sm90")]
     if marked and (reason := cuda_sm90_skip_reason()):
         for item in marked:
