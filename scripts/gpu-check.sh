@@ -21,25 +21,29 @@
 # Exit status: 0 when every step passed, 1 otherwise.
 #
 # Knobs (environment): GPU_CHECK_STEPS (a comma list of the steps to run, e.g.
-# ctest,sanitize,pytest-gpu for one device call and pytest-rest,pytest-backward,pytest-gpu-large
+# ctest,sanitize,sanitize-racecheck-forward,pytest-gpu for one device call and
+# pytest-rest,pytest-backward,pytest-gpu-large
 # for the next: the whole suite does not fit one 10-minute call), GPU_CHECK_BUDGET_S (whole-run deadline, default 575), GPU_CHECK_SKIP_BUILD=1
 # (reuse the installed package and build-gpucheck/), GPU_CHECK_PYTEST_ARGS (extra pytest args),
 # GPU_CHECK_SKIP_BENCH=1, GPU_CHECK_SKIP_SANITIZE=1, GPU_CHECK_SKIP_TESTS=1 (no pytest steps: a
 # benchmark-only call), GPU_CHECK_BENCH_ARGS (e.g. --write-record), GPU_CHECK_PARALLEL=1 (the
 # whole suite in one call: ctest, both sanitizers and pytest at once, no benchmark; step 3 below),
 # GPU_CHECK_PYTEST_ITEMS=FILE (with GPU_CHECK_PARALLEL=1: pytest runs only the node ids in FILE,
-# e.g. the pytest-unfinished.txt that a run cut at its limit leaves in its logs).
+# e.g. the pytest-unfinished.txt that a run cut at its limit leaves in its logs),
+# GPU_CHECK_CTEST_ALL=1 (ctest runs the kernels' CPU models too, which CI runs anyway),
+# GPU_CHECK_FLA_WARM=1 (compile fla's kernels ahead even with autotune choices in the cache).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 LOG=$(mktemp -d /tmp/gpu-check.XXXXXX)
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$ROOT/.triton-cache}
 mkdir -p "$TRITON_CACHE_DIR"
-# fla's autotune choices of an earlier H200 run (scripts/fla-autotune-h200.tgz: the benchmark's
-# shapes, fla 0.6.0, Triton 3.6), when the cache holds none: the benchmark then compiles only the
-# chosen configurations instead of timing ~100 a kernel (minutes on a fresh machine); what it
-# lacks, it tunes. A Triton or fla of another version keys its cache differently and ignores them.
-if [[ -f $ROOT/scripts/fla-autotune-h200.tgz ]] && ! find "$TRITON_CACHE_DIR" -name '*.autotune.json' -print -quit | grep -q .; then
+# fla's autotune choices of an earlier H200 run (scripts/fla-autotune-h200.tgz; docs/testing.md
+# says which shapes), when the cache holds none: the benchmark then compiles only the chosen
+# configurations instead of timing ~100 a kernel (minutes on a fresh machine); what it lacks,
+# it tunes. Another fla, Triton or CUDA toolkit keys its cache differently and ignores them.
+if [[ -f $ROOT/scripts/fla-autotune-h200.tgz &&
+  -z $(find "$TRITON_CACHE_DIR" -name '*.autotune.json' -print -quit 2>/dev/null) ]]; then
   tar xzf "$ROOT/scripts/fla-autotune-h200.tgz" -C "$TRITON_CACHE_DIR" --strip-components=1
 fi
 JOBS=$(nproc)
@@ -145,10 +149,10 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     BG_NAMES+=("$name")
   }
   if [[ ${STATUS[ctest-build]} == pass ]]; then
-    # Not the CPU models of the kernels (tests/emu, Emu in every name: ~250 s of the suite's
-    # ~1700 test-seconds), which need no GPU and which CI runs on every submission;
+    # Not the kernels' CPU models (tests/emu, label cpu-model: ~250 s of the suite's ~1700
+    # test-seconds), which need no GPU and which CI runs on every submission;
     # GPU_CHECK_CTEST_ALL=1 runs them here too.
-    CTEST_FILTER=(-E Emu)
+    CTEST_FILTER=(-LE cpu-model)
     [[ ${GPU_CHECK_CTEST_ALL:-0} == 1 ]] && CTEST_FILTER=()
     run_bg ctest 420 ctest --test-dir "$ROOT/build-gpucheck" -j "$((JOBS / 4 > 0 ? JOBS / 4 : 1))" "${CTEST_FILTER[@]}" \
       --output-on-failure --output-junit "$LOG/ctest.xml"
@@ -163,7 +167,7 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     # racecheck takes seconds for the forward's cases and minutes for the backward's: three
     # processes share them, so that it ends inside the budget beside the other steps.
     run_bg sanitize-memcheck 430 "$PY" scripts/sanitize.py --tool memcheck --log-dir "$LOG/sanitize" --timeout 420
-    run_bg sanitize-racecheck 450 "$PY" scripts/sanitize.py --tool racecheck --parts forward,decode \
+    run_bg sanitize-racecheck-forward 450 "$PY" scripts/sanitize.py --tool racecheck --parts forward,decode \
       --log-dir "$LOG/sanitize" --timeout 440
     for shard in 0/2 1/2; do
       run_bg "sanitize-racecheck-backward-${shard%/*}" 450 "$PY" scripts/sanitize.py --tool racecheck --parts backward \
@@ -232,12 +236,15 @@ else
   skip_step ctest "the C++ build failed"
 fi
 
-# compute-sanitizer alone: memcheck ~45 s with the backward cases, racecheck longer; beside the GPU
-# tests it crawled.
+# compute-sanitizer alone (beside the GPU tests it crawled): memcheck of every case (~100 s), and
+# racecheck of the forward's and decode's (~20 s): racecheck of the backward's takes minutes,
+# which GPU_CHECK_PARALLEL=1 spends beside the other steps.
 if [[ ${GPU_CHECK_SKIP_SANITIZE:-0} == 1 ]]; then
   skip_step sanitize "GPU_CHECK_SKIP_SANITIZE=1"
 else
-  run_step sanitize 300 "$PY" scripts/sanitize.py --log-dir "$LOG" --timeout 150
+  run_step sanitize 200 "$PY" scripts/sanitize.py --tool memcheck --log-dir "$LOG/sanitize" --timeout 190
+  run_step sanitize-racecheck-forward 120 "$PY" scripts/sanitize.py --tool racecheck --parts forward,decode \
+    --log-dir "$LOG/sanitize" --timeout 110
 fi
 
 XDIST=()

@@ -341,12 +341,15 @@ def main() -> int:
                     "a backward-only change: racecheck takes seconds for the forward's and minutes for the "
                     "backward's")
     ap.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
-                    help="only the backward cases whose index is I modulo N (default 0/1: all), so that "
-                    "N processes share them")
+                    help="with --parts backward: only the backward cases whose index is I modulo N (default "
+                    "0/1: all), so that N processes share them")
     ap.add_argument("--run-cases", action="store_true", help=argparse.SUPPRESS)  # the sanitized child
     args = ap.parse_args()
+    if args.shard[1] > 1 and args.parts != ("backward",):
+        ap.error("--shard splits the backward's cases: give it with --parts backward")
     if args.run_cases:
         return run_cases(args.parts, args.shard)
+    suffix = _log_suffix(args.parts, args.shard)
 
     sanitizer = _sanitizer()
     if sanitizer is None:
@@ -356,7 +359,7 @@ def main() -> int:
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", CUDA_MODULE_LOADING="LAZY")
     procs = {}
     for tool in args.tool or TOOLS:
-        log_path = os.path.join(args.log_dir, f"sanitize-{tool}{_log_suffix(args.parts, args.shard)}.log")
+        log_path = os.path.join(args.log_dir, f"sanitize-{tool}{suffix}.log")
         cmd = [sanitizer, "--tool", tool, "--error-exitcode", "86", "--print-limit", "100"]
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
@@ -374,7 +377,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = proc.wait()
-            print(f"sanitize: {tool}{_log_suffix(args.parts, args.shard)}: timed out after {args.timeout:.0f} s")
+            print(f"sanitize: {tool}{suffix}: timed out after {args.timeout:.0f} s")
         log.close()
         text = open(log_path, errors="replace").read()
         errors = _summary_errors(tool, text)
@@ -382,7 +385,7 @@ def main() -> int:
         ok = rc == 0 and errors == 0 and ran
         if not ok:
             status = max(status, 2 if "cannot run" in text else 1)
-        print(f"sanitize: {tool}{_log_suffix(args.parts, args.shard)}: {'PASS' if ok else 'FAIL'} (exit {rc}, errors {errors}, "
+        print(f"sanitize: {tool}{suffix}: {'PASS' if ok else 'FAIL'} (exit {rc}, errors {errors}, "
               f"cases {'ran' if ran else 'did not all run'}; {time.monotonic() - t0:.0f} s; log {log_path})")
         if not ok:
             print("\n".join(text.splitlines()[-30:]))

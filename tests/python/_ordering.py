@@ -1,11 +1,14 @@
 """The collection order the test session runs in (conftest.py's pytest_collection_modifyitems).
 
-pytest-xdist's `--dist worksteal` (scripts/gpu-check.sh) first hands each worker an equal
-contiguous part of the collected items, and a worker that runs out steals half of what the
-busiest has left. The backward's gradient grid (44 items of seconds to minutes each, marked
-`heavy`) sits together in file order, so one worker's part held all of it and the run's time
-limit cut the grid's last points (three of them in two GPU runs). Spread evenly through the
-order, the heavy items start on every worker from the beginning.
+pytest-xdist's `--dist worksteal` (scripts/gpu-check.sh) first hands each of its W workers a
+contiguous part of the collected items (part k: the next (n - items already handed out) //
+(W - k) of them), and a worker that runs out steals the tail of the longest queue left. The
+backward's gradient grid (44 items of seconds to minutes each, marked `heavy`) sits together in
+file order, inside one worker's part: the run's time limit cut the grid's last points in two GPU
+runs. So the heavy items are dealt round-robin to the W parts and put at the start of each: every
+worker starts on some of them. They are dealt from the last: the grid's last points are its flag
+variants (GVA, k-first, beta given, ...), each a new family of fla's Triton backward to compile
+(minutes), which so go to different workers first.
 """
 from __future__ import annotations
 
@@ -14,21 +17,30 @@ from typing import Callable, Sequence, TypeVar
 T = TypeVar("T")
 
 
-def spread_evenly(items: Sequence[T], heavy: Callable[[T], bool]) -> list[T]:
-    """items with those for which heavy(item) is true spread evenly through the order: the
-    j-th of m heavy items lands at about position (j + 1/2) n / m of the n; the others keep
-    their order in the gaps, and so do the heavy ones among themselves."""
+def part_sizes(n: int, workers: int) -> list[int]:
+    """The sizes of the contiguous parts worksteal's first distribution hands `workers` idle
+    workers out of n items."""
+    sizes, left = [], n
+    for k in range(workers):
+        sizes.append(left // (workers - k))
+        left -= sizes[-1]
+    return sizes
+
+
+def deal_heavy_first(items: Sequence[T], heavy: Callable[[T], bool], workers: int) -> list[T]:
+    """items reordered for `workers` xdist workers: the heavy ones (heavy(item) true) dealt
+    round-robin from the last to the parts of part_sizes, at the start of each, the others in
+    their order after them. One worker (or none heavy): the order unchanged."""
     hv = [x for x in items if heavy(x)]
-    light = [x for x in items if not heavy(x)]
-    n, m = len(items), len(hv)
-    if m == 0 or not light:
+    if workers <= 1 or not hv:
         return list(items)
+    light = [x for x in items if not heavy(x)]
+    dealt: list[list[T]] = [[] for _ in range(workers)]
+    for j, x in enumerate(reversed(hv)):
+        dealt[j % workers].append(x)
     out: list[T] = []
-    j = 0
-    for pos in range(n):
-        if j < m and (len(out) - j >= len(light) or pos >= int((j + 0.5) * n / m)):
-            out.append(hv[j])
-            j += 1
-        else:
-            out.append(light[pos - j])
-    return out
+    for part, size in zip(dealt, part_sizes(len(items), workers)):
+        take = max(size - len(part), 0)
+        out += part + light[:take]
+        light = light[take:]
+    return out + light

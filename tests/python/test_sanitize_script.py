@@ -43,3 +43,68 @@ def test_each_subset_has_its_own_log_name():
 def test_bad_arguments_exit_2_naming_the_flag():
     res = subprocess.run([sys.executable, str(SCRIPT), "--shard", "3/2"], capture_output=True, text=True)
     assert res.returncode == 2 and "--shard" in res.stderr
+
+
+def test_shard_needs_the_backward_alone():
+    res = subprocess.run([sys.executable, str(SCRIPT), "--parts", "forward,backward", "--shard", "1/2"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "--parts backward" in res.stderr
+
+
+FAKE_SANITIZER = """import sys
+# compute-sanitizer --tool T ... python sanitize.py --run-cases ...: record the sanitized command
+# and end as a clean run of every case would.
+tool = sys.argv[sys.argv.index("--tool") + 1]
+print("child argv:", " ".join(sys.argv[sys.argv.index("--run-cases"):]))
+print("sanitize: all cases ran")
+print("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" if tool == "racecheck"
+      else "========= ERROR SUMMARY: 0 errors")
+"""
+
+
+def _run_with_fake_sanitizer(tmp_path, *args):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "compute-sanitizer"
+    fake.write_text(f"#!{sys.executable}\n" + FAKE_SANITIZER)
+    fake.chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin"}
+    return subprocess.run([sys.executable, str(SCRIPT), "--log-dir", str(tmp_path / "logs"), *args],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_the_sanitized_child_gets_the_subset_and_its_own_log(tmp_path):
+    res = _run_with_fake_sanitizer(tmp_path, "--tool", "racecheck", "--parts", "backward", "--shard", "1/2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "sanitize: racecheck-backward-1of2: PASS" in res.stdout
+    log = (tmp_path / "logs" / "sanitize-racecheck-backward-1of2.log").read_text()
+    assert "child argv: --run-cases --parts backward --shard 1/2" in log
+
+
+def test_all_cases_by_default_under_the_plain_log_names(tmp_path):
+    res = _run_with_fake_sanitizer(tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for tool in sanitize.TOOLS:
+        assert f"sanitize: {tool}: PASS" in res.stdout
+        log = (tmp_path / "logs" / f"sanitize-{tool}.log").read_text()
+        assert "child argv: --run-cases --parts forward,decode,backward --shard 0/1" in log
+
+
+def test_run_cases_runs_the_parts_in_order_and_sums_their_failures(monkeypatch, capsys):
+    import types
+
+    calls = []
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setitem(sys.modules, "fwd_cases", types.SimpleNamespace(sm90_skip_reason=lambda: None))
+    monkeypatch.setattr(sanitize, "run_forward_cases", lambda torch: calls.append("forward") or 1)
+    monkeypatch.setattr(sanitize, "run_decode_cases", lambda torch: calls.append("decode") or 0)
+    monkeypatch.setattr(sanitize, "run_backward_cases", lambda torch, shard: calls.append(("backward", shard)) or 2)
+    assert sanitize.run_cases() == 1
+    assert calls == ["forward", "decode", ("backward", (0, 1))]
+    assert "sanitize: 3 case(s) gave wrong results" in capsys.readouterr().out
+    calls.clear()
+    monkeypatch.setattr(sanitize, "run_forward_cases", lambda torch: calls.append("forward") or 0)
+    monkeypatch.setattr(sanitize, "run_backward_cases", lambda torch, shard: calls.append(("backward", shard)) or 0)
+    assert sanitize.run_cases(("decode", "backward"), (1, 2)) == 0
+    assert calls == ["decode", ("backward", (1, 2))]
+    assert sanitize.DONE_MARK in capsys.readouterr().out

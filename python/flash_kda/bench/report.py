@@ -438,7 +438,7 @@ def readme_table(results: dict) -> list[str]:
     means = [_ms(_geomean(v)) if v else "-" for v in cols.values()]
     lines.append(f"| geometric mean (eager) | {means[0]} | | {means[1]} | | {means[2]} | |")
     others = from_run_lines([r for r in results.get("cases", []) if is_plain(variant_of(r["case"]))])
-    return lines + [""] + [f"Note: {line}." for line in others] if others else lines
+    return (lines + [""] + [f"Note: {line}." for line in others]) if others else lines
 
 
 def update_readme(readme: Path, results: dict) -> bool:
