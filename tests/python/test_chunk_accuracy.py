@@ -5,7 +5,7 @@ and by fla's own Triton chunk_kda (the function behind fla's dispatch wrapper, s
 hands the call back to flash_kda) on the same inputs; both are measured against the fp64 CPU
 reference (flash_kda.reference with the call's gate and flags, chunk_cases.reference). Relative
 Frobenius error, out and final state (always asked for; fp32) at every point:
-- ours has no NaN/Inf, ours <= 1e-2, and ours <= 1.5 x fla's error + 1e-4;
+- ours has no NaN/Inf, ours <= 1e-2, and ours <= fla's error + 1e-4;
 - where fla's own result is NaN/Inf or above 1e-2 (the extremes may do that to fla), or fla
   raises, ours is still finite and <= 1e-2, and the row says "fla non-finite" / "fla > bound" /
   "fla raised ..." instead of a ratio.
@@ -65,8 +65,8 @@ from grid_report import GridReport, fmt_err
 pytestmark = pytest.mark.cuda_sm90  # conftest.py skips these without an sm_90 GPU and CUDA build
 
 BOUND = 1e-2            # docs/kda-spec.md: rel. Frobenius error vs the fp64 reference
-FLA_FACTOR = 1.5        # docs/kda-spec.md: ours <= 1.5 x fla's error
-FLA_SLACK = 1e-4        # absolute slack: both errors sit at the bf16 rounding floor on tiny cases
+FLA_FACTOR = 1.0        # the accuracy target: ours at most fla's error on the same inputs
+FLA_SLACK = 1e-4        # absolute slack: where both errors are the bf16 rounding of the result (ties)
 SAMPLED_HEADS = 4       # value heads compared when HV is larger
 MAX_REFERENCE_STEPS = 200_000  # the grid's (token, value head) steps of the fp64 reference
 

@@ -1,8 +1,8 @@
 """Accuracy of flash_kda.fwd over the accuracy grid, side by side with fla's chunk_kda.
 
 Bound: relative Frobenius error of out and of final_state against the fp64 CPU reference
-(flash_kda.reference) <= 1e-2 at every grid point, and <= 1.5 x fla chunk_kda's error (Triton
-path) + 1e-4 on the same inputs; no NaN or Inf anywhere in out or final_state. Inputs are
+(flash_kda.reference) <= 1e-2 at every grid point, and <= fla chunk_kda's error (Triton path)
++ 1e-4 on the same inputs; no NaN or Inf anywhere in out or final_state. Inputs are
 fresh random draws each run (seed printed on failure; FLASH_KDA_TEST_SEED replays one).
 
 For H = 96 the reference runs on a spread of 6 heads only, on inputs sliced to those heads:
@@ -28,8 +28,8 @@ from grid_report import GridReport, fmt_err
 pytestmark = pytest.mark.cuda_sm90  # conftest.py skips these without an sm_90 GPU and CUDA build
 
 BOUND = 1e-2            # docs/kda-spec.md: rel. Frobenius error vs the fp64 reference
-FLA_FACTOR = 1.5        # docs/kda-spec.md: ours <= 1.5 x fla's error
-FLA_SLACK = 1e-4        # absolute slack: both errors sit at the bf16 rounding floor on tiny cases
+FLA_FACTOR = 1.0        # the accuracy target: ours at most fla's error on the same inputs
+FLA_SLACK = 1e-4        # absolute slack: where both errors are the bf16 rounding of the result (ties)
 SAMPLED_HEADS = 6       # heads compared when H is large
 
 LENGTHS = (1, 15, 16, 17, 100, 1024, 8192)
