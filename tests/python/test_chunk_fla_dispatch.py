@@ -21,6 +21,7 @@ import pytest
 
 import flash_kda
 from chunk_cases import CASES, ChunkCase, make_call, reference, rel_err
+from test_chunk_accuracy import fla_triton
 
 pytestmark = pytest.mark.cuda_sm90
 
@@ -46,6 +47,10 @@ def fla_chunk_kda(monkeypatch):
     from fla.ops.kda import chunk_kda
 
     from flash_kda import _fla_chunk
+
+    # One Triton configuration per fla kernel, as the accuracy grids: autotuning every flag
+    # family of the cases would take minutes each (the dispatch does not depend on it).
+    fla_triton()
 
     assert _fla_chunk.status == "registered", _fla_chunk.status
     registry = backends._function_registries[inspect.unwrap(chunk_kda)]
