@@ -12,7 +12,7 @@ Frobenius error, out and final state (always asked for; fp32) at every point:
 Inputs are fresh random draws each run (seed printed on failure and in the table;
 FLASH_KDA_TEST_SEED replays one).
 
-The grid (GRID below; 40 points):
+The grid (GRID below; 44 points):
 - gate x length: every gate (safe: lower_bound -5 with A_log; softplus: A_log = log U(1, 16), fla's
   KimiDeltaAttention init; pre-computed log decay: use_gate_in_kernel=False, the softplus gate's
   decay) at every fixed length T in {1, 15, 16, 17, 100, 1024, 4096} (B = 2 up to 1024, else 1);
@@ -26,7 +26,9 @@ The grid (GRID below; 40 points):
   log 1e3, g ~ N(0, 20^2)); at T = 17, T = 1024 and the varlen mix;
 - GVA (HV = 2H: 2/4 at T = 1024, 16/32 on the varlen mix), k-first state layout (2 points),
   beta already activated (use_beta_sigmoid_in_kernel=False), allow_neg_eigval (2 points) and
-  no in-kernel l2norm (unit q/k rows, 2 points).
+  no in-kernel l2norm (unit q/k rows, 2 points);
+- the safe gate without A_log (fla's `lower_bound * sigmoid(g + dt_bias)`) and strided q, k, v,
+  g, beta (views of one fused projection), 2 points each.
 For HV > 4 value heads the reference runs on a spread of 4 of them (q/k heads sliced to match),
 on inputs sliced to those heads: heads never interact, so this is the same comparison at a
 fraction of the CPU cost.
@@ -90,7 +92,7 @@ EXTRA_FLA_CONFIGS = {
     "chunk_local_cumsum_vector_kernel": {"kwargs": {"BS": 32}, "num_warps": 4, "num_stages": 3},
 }
 
-GATE_NAMES = {"safe": "safe (lb -5)", "softplus": "softplus", "none": "log decay"}
+GATE_NAMES = {"safe": "safe (lb -5)", "safe_no_A": "safe, no A_log", "softplus": "softplus", "none": "log decay"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +156,11 @@ def _grid() -> list:
         Point(ChunkCase("none_no_l2norm_T1024_H4_fp32", gate="none", heads=4, batch=1, seqlen=1024, state="fp32",
                         l2norm=False)),
         Point(_case("safe_no_l2norm_varlen_mix_H4_bf16", "safe", 4, lens=VARLEN_MIX, state="bf16", l2norm=False)),
+        Point(_case("safe_no_A_T100_H4_bf16", "safe_no_A", 4, T=100, state="bf16")),
+        Point(_case("safe_no_A_varlen_mix_H4_fp32", "safe_no_A", 4, lens=VARLEN_MIX, state="fp32")),
+        Point(ChunkCase("softplus_strided_T1024_H4_fp32", gate="softplus", heads=4, batch=1, seqlen=1024,
+                        state="fp32", strided=True)),
+        Point(_case("safe_strided_varlen_mix_H4_bf16", "safe", 4, lens=VARLEN_MIX, state="bf16", strided=True)),
     ]
     return points
 
@@ -190,7 +197,7 @@ def heads_label(case: ChunkCase) -> str:
 def flags_label(case: ChunkCase) -> str:
     flags = [name for name, on in (("k-first", not case.state_v_first), ("no l2norm", not case.l2norm),
                                    ("beta activated", not case.beta_sigmoid),
-                                   ("neg eigval", case.allow_neg_eigval)) if on]
+                                   ("neg eigval", case.allow_neg_eigval), ("strided", case.strided)) if on]
     return ", ".join(flags) or "-"
 
 

@@ -20,7 +20,7 @@ def _points(**where):
 
 def test_names_are_unique_and_the_cost_is_bounded():
     names = [p.name for p in grid.GRID]
-    assert len(names) == len(set(names)) == 40
+    assert len(names) == len(set(names)) == 44
     steps = sum(grid.reference_steps(p) for p in grid.GRID)
     assert 1e5 < steps <= grid.MAX_REFERENCE_STEPS, steps
 
@@ -40,7 +40,7 @@ def test_every_length_meets_every_gate_head_count_and_state():
 def test_varlen_extremes_and_flags_are_covered():
     assert grid.VARLEN_MIX == FWD_VARLEN_MIX and 0 in grid.VARLEN_MIX and 1 in grid.VARLEN_MIX
     varlen = [p for p in grid.GRID if p.case.lens is not None]
-    assert {p.case.gate for p in varlen} == set(grid.GATES)
+    assert {p.case.gate for p in varlen} == set(grid.GATES) | {"safe_no_A"}
     assert {p.case.state for p in varlen} == set(grid.STATES)
     extreme = [p for p in grid.GRID if p.extreme]
     assert {p.case.gate for p in extreme} == set(grid.GATES)
@@ -53,6 +53,8 @@ def test_varlen_extremes_and_flags_are_covered():
     assert len(_points(allow_neg_eigval=True)) == 2
     assert len(_points(l2norm=False)) == 2
     assert all(p.case.beta_sigmoid for p in _points(allow_neg_eigval=True))  # fla's rule
+    assert len(_points(gate="safe_no_A")) == 2 and len(_points(strided=True)) == 2
+    assert {p.case.lens is None for p in _points(strided=True)} == {True, False}
 
 
 def test_verdict():
