@@ -25,6 +25,7 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -370,6 +371,17 @@ def main() -> int:
         procs[tool] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, log_path,
                        time.monotonic())
 
+    # A caller's own limit (timeout(1) in gpu-check's steps) sends SIGTERM: the tools still
+    # running are then stopped as at --timeout, and each still gets its verdict line.
+    stopped = []
+
+    def on_term(signum, frame):
+        stopped.append(signum)
+        for proc, *_ in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+    signal.signal(signal.SIGTERM, on_term)
     status = 0
     for tool, (proc, log, log_path, t0) in procs.items():
         try:
@@ -377,7 +389,9 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = proc.wait()
-            print(f"sanitize: {tool}{suffix}: timed out after {args.timeout:.0f} s")
+            print(f"sanitize: {tool}{suffix}: timed out after {args.timeout:.0f} s", flush=True)
+        if stopped and rc == -signal.SIGKILL:
+            print(f"sanitize: {tool}{suffix}: stopped by SIGTERM after {time.monotonic() - t0:.0f} s", flush=True)
         log.close()
         text = open(log_path, errors="replace").read()
         errors = _summary_errors(tool, text)

@@ -90,6 +90,24 @@ def test_all_cases_by_default_under_the_plain_log_names(tmp_path):
         assert "child argv: --run-cases --parts forward,decode,backward --shard 0/1" in log
 
 
+def test_a_sigterm_stops_the_tools_and_still_reports_each(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "compute-sanitizer"
+    fake.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")  # a tool that outlasts its caller
+    fake.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--log-dir", str(tmp_path / "logs")],
+                            stdout=subprocess.PIPE, text=True, env={"PATH": f"{bindir}:/usr/bin:/bin"})
+    import time
+
+    time.sleep(2)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 1, out
+    for tool in sanitize.TOOLS:
+        assert f"sanitize: {tool}: stopped by SIGTERM" in out and f"sanitize: {tool}: FAIL" in out, out
+
+
 def test_run_cases_runs_the_parts_in_order_and_sums_their_failures(monkeypatch, capsys):
     import types
 
