@@ -4,9 +4,9 @@ pytest-xdist's `--dist worksteal` (scripts/gpu-check.sh) first hands each of its
 contiguous part of the collected items (part k: the next (n - items already handed out) //
 (W - k) of them), and a worker that runs out steals the tail of the longest queue left. The
 backward's gradient grid (44 items of seconds to minutes each, marked `heavy`) sits together in
-file order, inside one worker's part: the run's time limit cut the grid's last points in two GPU
-runs. So the heavy items are dealt round-robin to the W parts and put at the start of each: every
-worker starts on some of them. They are dealt from the last: the grid's last points are its flag
+file order, inside one worker's part, which then runs them one after another and leaves the
+grid's last points to a time limit. So the heavy items are dealt round-robin to the W parts and
+put at the start of each: every worker starts on some of them. They are dealt from the last: the grid's last points are its flag
 variants (GVA, k-first, beta given, ...), each a new family of fla's Triton backward to compile
 (minutes), which so go to different workers first.
 """
