@@ -6,9 +6,9 @@ contiguous part of the collected items (part k: the next (n - items already hand
 backward's gradient grid (44 items of seconds to minutes each, marked `heavy`) sits together in
 file order, inside one worker's part, which then runs them one after another and leaves the
 grid's last points to a time limit. So the heavy items are dealt round-robin to the W parts and
-put at the start of each: every worker starts on some of them. They are dealt from the last: the grid's last points are its flag
-variants (GVA, k-first, beta given, ...), each a new family of fla's Triton backward to compile
-(minutes), which so go to different workers first.
+put at the start of each: every worker starts on some of them. They are dealt from the last:
+the grid's last points are its flag variants (GVA, k-first, beta given, ...), each a new family
+of fla's Triton backward to compile (minutes), which so go to different workers first.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ test modules can be collected (and skipped) on a machine without them.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -410,6 +411,18 @@ def pin_fla_kernels(configs: dict, only_autotuning: bool = False) -> int:
     return len(pinned)
 
 
+@contextlib.contextmanager
+def fla_triton_only():
+    """Inside: fla's chunk_kda takes its own Triton path (its FlashKDA backend off,
+    FLA_FLASH_KDA=0), and on leaving, an assertion that no call reached flash_kda.chunk_kda: a
+    comparison with ourselves would make the bounds relative to fla vacuous."""
+    from flash_kda.bench.impls import count_flash_kda_calls, fla_flash_kda_backend
+
+    with count_flash_kda_calls() as calls, fla_flash_kda_backend(False):
+        yield
+    assert not calls[0], "fla dispatched to flash_kda although its backend was off: no Triton reference"
+
+
 def run_fla(x: Inputs):
     """fla chunk_kda, Triton path, on the same inputs and gate as flash_kda.fwd.
 
@@ -419,13 +432,12 @@ def run_fla(x: Inputs):
     Returns (out bf16 [.., H, V], final_state fp32 [N, H, V, K] or None) on the device."""
     import torch
     from fla.ops.kda import chunk_kda
-    from flash_kda.bench.impls import count_flash_kda_calls, fla_flash_kda_backend
 
     pin_fla_configs()
     init = x.initial_state
     if init is not None:
         init = init.float()
-    with count_flash_kda_calls() as calls, fla_flash_kda_backend(False), torch.no_grad():
+    with fla_triton_only(), torch.no_grad():
         out, final_state = chunk_kda(
             x.q, x.k, x.v, x.g, x.beta, scale=x.scale, initial_state=init,
             output_final_state=x.case.state is not None,
@@ -433,8 +445,6 @@ def run_fla(x: Inputs):
             safe_gate=True, lower_bound=x.lower_bound, state_v_first=True,
             cu_seqlens=None if x.cu_seqlens is None else x.cu_seqlens.long(),
             A_log=x.A_log, dt_bias=x.dt_bias)
-    # A comparison with ourselves would make the bounds relative to fla vacuous.
-    assert not calls[0], "fla dispatched to flash_kda although FLA_FLASH_KDA=0: no Triton reference"
     if final_state is not None and x.case.state == "bf16":
         # fla always returns fp32; ours is stored in the caller's bf16, so compare like with like.
         final_state = final_state.to(torch.bfloat16)

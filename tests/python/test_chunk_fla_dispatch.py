@@ -3,8 +3,9 @@ flash_kda/_fla_chunk.py, in place of fla's built-in FlashKDA backend) for every 
 serves, and falls back to fla's Triton path, still answering, for the calls it does not.
 
 For each served case (every case of chunk_cases.CASES but fla's graph padding: each gate, the
-safe gate without A_log, GVA, k-first, mixed state dtypes, strided views, beta given, allow_neg_eigval,
-no fused L2 norm, varlen) and for fla's intermediate states (return_intermediate_states): a spy
+safe gate without A_log, GVA, k-first, mixed state dtypes, strided views, beta given,
+allow_neg_eigval, no fused L2 norm, varlen) and for fla's intermediate states
+(return_intermediate_states): a spy
 on flash_kda.chunk_kda sees exactly one call, fla's backend logger reports '-> flash_kda', and
 out / final state match the fp64 reference (relative Frobenius error <= 1e-2) and are no worse
 than twice fla's own Triton result on the same inputs (+2e-3). For an unservable call (K = 64;

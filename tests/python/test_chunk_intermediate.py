@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from chunk_cases import ChunkCase, make_call
-from fwd_cases import fla_skip_reason, pin_fla_configs
+from fwd_cases import fla_skip_reason, fla_triton_only, pin_fla_configs
 
 pytestmark = pytest.mark.cuda_sm90
 
@@ -59,17 +59,13 @@ def _fla_h(args, kw):
         return None
     import torch
     from fla.ops.kda import chunk_kda
-    from flash_kda.bench.impls import count_flash_kda_calls, fla_flash_kda_backend
 
     pin_fla_configs()
     fkw = dict(kw)
     if fkw.get("initial_state") is not None:
         fkw["initial_state"] = fkw["initial_state"].float()  # fla's Triton path takes fp32 states
-    with count_flash_kda_calls() as calls, fla_flash_kda_backend(False), torch.inference_mode():
-        h = chunk_kda(*args, **fkw, return_intermediate_states=True)[2]
-    # fla's h computed by flash_kda would make the comparison with it vacuous.
-    assert not calls[0], "fla dispatched to flash_kda although its backend was off: no Triton reference"
-    return h
+    with fla_triton_only(), torch.inference_mode():
+        return chunk_kda(*args, **fkw, return_intermediate_states=True)[2]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
