@@ -81,7 +81,8 @@ run_step() {
   rc=$?
   # pytest-xdist's workers can outlive a pytest cut at its limit and keep the GPU busy under
   # the steps after it (a profile and a benchmark measured 4x slow so). Only a pytest step's
-  # cut kills them: with GPU_CHECK_PARALLEL=1 another step's pytest may be running.
+  # cut kills them (with GPU_CHECK_PARALLEL=1 other steps run beside it; its two pytest steps
+  # share one limit, so the cut of one is the end of both).
   if ((rc == 124 || rc == 137)) && [[ " $* " == *" -m pytest "* ]]; then
     pkill -KILL -f -- "-m pytest" 2>/dev/null; sleep 1
   fi
@@ -176,25 +177,52 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
   fi
   if [[ ${GPU_CHECK_SKIP_TESTS:-0} == 1 ]]; then
     skip_step pytest-all "GPU_CHECK_SKIP_TESTS=1"
+    skip_step pytest-backward "GPU_CHECK_SKIP_TESTS=1"
   else
     rm -rf /tmp/gpu-check-triton && cp -r "$TRITON_CACHE_DIR" /tmp/gpu-check-triton
-    # What pytest-all runs: tests/python, or the node ids of GPU_CHECK_PYTEST_ITEMS (a file, one
+    # Two pytest steps at once: the backward's gradient grid (pytest-backward, 2 workers) and
+    # everything else (pytest-all). Each grid point autotunes and compiles fla's Triton
+    # backward for its shape; workers that start on grid points together compile the same
+    # kernels side by side before any of them reaches the shared cache, and ten at once
+    # beside ctest and the sanitizers finished 24 of the suite's 1187 items in 460 s
+    # (docs/notes/2026-12-03_suite-ab-and-profile.md). Two workers reuse each other's
+    # compiles; the grid then takes a few minutes beside the rest.
+    # What each step runs: its files, or its node ids of GPU_CHECK_PYTEST_ITEMS (a file, one
     # id a line, e.g. an earlier run's pytest-unfinished.txt), read by pytest's @file argument.
-    PYTEST_SELECTION=tests/python
-    [[ -n ${GPU_CHECK_PYTEST_ITEMS:-} ]] && PYTEST_SELECTION=@$GPU_CHECK_PYTEST_ITEMS
+    GRID=tests/python/test_backward_grid.py
+    SEL_ALL=(tests/python --ignore="$GRID") SEL_GRID=("$GRID") RUN_ALL=1 RUN_GRID=1
+    if [[ -n ${GPU_CHECK_PYTEST_ITEMS:-} ]]; then
+      grep -vF "$GRID::" "$GPU_CHECK_PYTEST_ITEMS" >"$LOG/items-all.txt" || RUN_ALL=0
+      grep -F "$GRID::" "$GPU_CHECK_PYTEST_ITEMS" >"$LOG/items-backward.txt" || RUN_GRID=0
+      SEL_ALL=("@$LOG/items-all.txt") SEL_GRID=("@$LOG/items-backward.txt")
+    fi
     # The collected ids, for the list of those a cut run leaves unfinished (below).
-    "$PY" -m pytest "$PYTEST_SELECTION" --collect-only -q -p no:cacheprovider -m "not large_memory" 2>/dev/null |
+    { ((RUN_ALL)) && "$PY" -m pytest "${SEL_ALL[@]}" --collect-only -q -p no:cacheprovider -m "not large_memory" 2>/dev/null
+      ((RUN_GRID)) && "$PY" -m pytest "${SEL_GRID[@]}" --collect-only -q -p no:cacheprovider 2>/dev/null; } |
       grep '::' >"$LOG/pytest-collected.txt" &
     COLLECT_PID=$!
-    # worksteal: idle workers take queued items from busy ones, so that the heavy items (the
-    # backward grid's points) do not wait behind them when the step nears its limit.
-    # Its limit leaves the large-memory step (~10 s) 25 s of the budget.
+    # worksteal: idle workers take queued items from busy ones, so that long items do not wait
+    # behind them when the step nears its limit.
+    # The limits leave the large-memory step (~10 s) 25 s of the budget.
     pytest_cap=$((BUDGET - SECONDS - 45))
     ((pytest_cap > 470)) && pytest_cap=470
-    # shellcheck disable=SC2086
-    run_bg pytest-all "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "$PYTEST_SELECTION" -v -rs \
-      -p no:cacheprovider -n "$((JOBS * 5 / 8 > 0 ? JOBS * 5 / 8 : 1))" --dist worksteal -m "not large_memory" --timeout=420 \
-      --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+    workers=$((JOBS * 5 / 8 > 3 ? JOBS * 5 / 8 : 3))
+    if ((RUN_ALL)); then
+      # shellcheck disable=SC2086
+      run_bg pytest-all "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "${SEL_ALL[@]}" -v -rs \
+        -p no:cacheprovider -n "$((workers - 2))" --dist worksteal -m "not large_memory" --timeout=420 \
+        --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+    else
+      skip_step pytest-all "no GPU_CHECK_PYTEST_ITEMS outside the backward grid"
+    fi
+    if ((RUN_GRID)); then
+      # shellcheck disable=SC2086
+      run_bg pytest-backward "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "${SEL_GRID[@]}" -v -rs \
+        -p no:cacheprovider -n 2 --dist worksteal --timeout=420 \
+        --junitxml="$LOG/pytest-backward.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+    else
+      skip_step pytest-backward "no GPU_CHECK_PYTEST_ITEMS in the backward grid"
+    fi
   fi
   wait "${BG_PIDS[@]}"
   for name in "${BG_NAMES[@]}"; do
@@ -205,14 +233,16 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     SECS[$name]=$secs
     echo "gpu-check:    $name: $st in ${secs}s"
   done
-  # A pytest-all cut at its limit: the collected ids it did not finish, for a second call with
+  # A pytest step cut at its limit: the collected ids the two did not finish, for a second call with
   # GPU_CHECK_PYTEST_ITEMS (xdist's -v lines: "[gwN] [ nn%] PASSED <id>").
   [[ -n ${COLLECT_PID:-} ]] && wait "$COLLECT_PID"
-  if [[ ${STATUS[pytest-all]:-} == timeout* && -s $LOG/pytest-collected.txt ]]; then
-    sed -nE 's/^\[gw[0-9]+\] \[ *[0-9]+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (.*[^ ]) *$/\2/p' \
-      "$LOG/pytest-all.log" | sort -u >"$LOG/pytest-finished.txt"
+  if [[ ${STATUS[pytest-all]:-} == timeout* || ${STATUS[pytest-backward]:-} == timeout* ]] &&
+    [[ -s $LOG/pytest-collected.txt ]]; then
+    cat "$LOG/pytest-all.log" "$LOG/pytest-backward.log" 2>/dev/null |
+      sed -nE 's/^\[gw[0-9]+\] \[ *[0-9]+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (.*[^ ]) *$/\2/p' |
+      sort -u >"$LOG/pytest-finished.txt"
     sort -u "$LOG/pytest-collected.txt" | comm -23 - "$LOG/pytest-finished.txt" >"$LOG/pytest-unfinished.txt"
-    echo "gpu-check:    pytest-all left $(wc -l <"$LOG/pytest-unfinished.txt") of" \
+    echo "gpu-check:    pytest left $(wc -l <"$LOG/pytest-unfinished.txt") of" \
       "$(wc -l <"$LOG/pytest-collected.txt") items unfinished: pytest-unfinished.txt in the logs;" \
       "GPU_CHECK_PYTEST_ITEMS=<that file> runs them"
   fi

@@ -9,8 +9,6 @@ import functools
 
 import pytest
 
-from _ordering import deal_heavy_first
-
 
 @functools.lru_cache(maxsize=None)
 def cuda_sm90_skip_reason() -> str | None:
@@ -40,14 +38,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda_sm90: needs PyTorch with CUDA and an sm_90 GPU (skipped otherwise)")
     config.addinivalue_line("markers", "large_memory: needs most of the GPU's memory; run it alone")
-    config.addinivalue_line("markers", "heavy: seconds to minutes an item on the GPU; under pytest-xdist "
-                            "dealt to the start of every worker's part of the order (_ordering.py)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Under pytest-xdist each worker collects; workerinput tells it how many there are.
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    items[:] = deal_heavy_first(items, lambda item: item.get_closest_marker("heavy") is not None, workers)
     marked = [item for item in items if item.get_closest_marker("cuda_sm90")]
     if marked and (reason := cuda_sm90_skip_reason()):
         for item in marked:

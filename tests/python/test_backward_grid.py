@@ -219,7 +219,6 @@ def run_fla(args, kw, names, do, dht):
 
 
 @pytest.mark.cuda_sm90
-@pytest.mark.heavy
 @pytest.mark.parametrize("point", GRID, ids=lambda p: p.name)
 def test_backward_vs_yardstick_and_fla(cuda_sm90, point):
     import torch

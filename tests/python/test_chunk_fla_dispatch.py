@@ -139,22 +139,35 @@ def test_intermediate_states_dispatch_to_flash_kda(cuda_sm90, fla_chunk_kda):
 
 
 def test_fp32_inputs_fall_back_to_fla(cuda_sm90, fla_chunk_kda):
+    """flash_kda declines fp32 q, k, v (its kernels take bf16) and fla's own path runs: its
+    result where fla serves the call, fla's own error where it cannot (on the H200 fla 0.6.0's
+    Triton kernels need more shared memory than there is for fp32 inputs); never a
+    flash_kda.Error."""
     import torch
+
+    import flash_kda
 
     chunk_kda, triton, calls, log = fla_chunk_kda
     args, kw, real = make_call(CASES[0], cuda_sm90)
-    args = tuple(a.float() for a in args)  # flash_kda's kernels take bf16 q, k, v
+    args = tuple(a.float() for a in args)
     with torch.inference_mode():
         try:
             triton(*args, **_fla_inputs(kw))
-        except Exception as err:  # fla's own limit: nothing to fall back to
-            pytest.skip(f"fla's Triton chunk_kda does not take fp32 inputs: {type(err).__name__}: {err}")
-        out, final = chunk_kda(*args, **kw)
+            fla_err = None
+        except Exception as err:  # noqa: BLE001 (fla's own limit, whatever it raises)
+            fla_err = err
+        if fla_err is None:
+            out, final = chunk_kda(*args, **kw)
+        else:
+            with pytest.raises(type(fla_err)) as raised:
+                chunk_kda(*args, **kw)
+            assert not isinstance(raised.value, flash_kda.Error), raised.value
     torch.cuda.synchronize(cuda_sm90)
     assert calls == []
     assert any("-> flash_kda rejected" in m for m in log), log
-    ref_o, ref_s = reference(args, kw, real)
-    assert rel_err(out, ref_o) <= BOUND and rel_err(final, ref_s) <= BOUND
+    if fla_err is None:
+        ref_o, ref_s = reference(args, kw, real)
+        assert rel_err(out, ref_o) <= BOUND and rel_err(final, ref_s) <= BOUND
 
 
 def _train_step(fn, args, kw, seed=1):
