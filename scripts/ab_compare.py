@@ -9,6 +9,8 @@ training steps ("train", --train) and the decode points ("decode", --decode), ea
 name, in every timing mode it has (eager, graph).
 
     scripts/ab_compare.py DIR   # DIR holds A-1/ B-1/ A-2/ B-2/ ... results.json
+With --kernels runs (per-kernel device time, results.json kernels_us), a second table compares
+each case's kernels the same way, to tell which kernel moved; it does not enter the verdict.
 Prints a Markdown table; exit status 1 when a case fails the rule or only one build timed it
 (B failing a case is no speed-up), 2 when DIR holds fewer than two rounds of each build or no
 case both builds timed.
@@ -64,6 +66,30 @@ def rows(a: list[dict], b: list[dict]) -> list[dict]:
     return out
 
 
+def kernel_rows(a: list[dict], b: list[dict]) -> list[dict]:
+    """One row per (case, kernel) that either build's --kernels rounds timed: the median over
+    the rounds of each build's mean us a call, and each build's spread; None where a build has
+    no figure for it (a kernel only one build launches)."""
+    def figures(runs, name, label):
+        return [k[label] for r in runs for c in r.get("cases") or [] if c["case"]["name"] == name
+                for k in [(c.get("kernels_us") or {}).get("flash_kda", {})] if label in k]
+
+    out = []
+    names = [c["case"]["name"] for r in (a[0], b[0]) for c in r.get("cases") or [] if c.get("kernels_us")]
+    for name in dict.fromkeys(names):
+        labels = [lab for r in (a[0], b[0]) for c in r.get("cases") or [] if c["case"]["name"] == name
+                  for lab in (c.get("kernels_us") or {}).get("flash_kda", {})]
+        for label in dict.fromkeys(labels):
+            ta, tb = figures(a, name, label), figures(b, name, label)
+            row = {"case": name, "kernel": label, "a": None, "b": None, "spread_a": None, "spread_b": None}
+            for side, t in (("a", ta), ("b", tb)):
+                if t:
+                    m = statistics.median(t)
+                    row[side], row["spread_" + side] = m, (max(t) - min(t)) / m if m else 0.0
+            out.append(row)
+    return out
+
+
 def main() -> int:
     d = Path(sys.argv[1])
     a, b = load(d, "A"), load(d, "B")
@@ -82,6 +108,17 @@ def main() -> int:
             continue
         print(f"| {r['section']} | {r['case']} | {r['mode']} | {r['a']:.4f} | {r['b']:.4f} | {r['b'] / r['a']:.3f} | "
               f"{r['spread_a'] * 100:.1f}% | {r['spread_b'] * 100:.1f}% | {'ok' if r['ok'] else 'SLOWER'} |")
+    ktable = kernel_rows(a, b)
+    if ktable:
+        print("\nPer-kernel device time (--kernels; mean us a call, median over the rounds):\n")
+        print("| case | kernel | A us | B us | B / A | spread A | spread B |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for r in ktable:
+            f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+            p = lambda v: "-" if v is None else f"{v * 100:.1f}%"  # noqa: E731
+            ratio = f"{r['b'] / r['a']:.3f}" if r["a"] and r["b"] is not None else "-"
+            print(f"| {r['case']} | `{r['kernel']}` | {f(r['a'])} | {f(r['b'])} | {ratio} | {p(r['spread_a'])} | "
+                  f"{p(r['spread_b'])} |")
     return 0 if all(r["ok"] for r in table) else 1
 
 

@@ -377,6 +377,7 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
         md += [f"- {line}" for line in notes(results)]
         md += [f"- {line}" for line in _error_lines(results)]
         md += accuracy_section(results)
+        md += kernels_section(results)
     md += decode_markdown(results)
     md += train_markdown(results)
     if "layer" in results:
@@ -384,6 +385,25 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
     if chart:
         md += ["", f"![time per case]({chart})"]
     return "\n".join(md) + "\n"
+
+
+def kernels_section(results: dict) -> list[str]:
+    """The per-kernel table of a --kernels run (case, kernel, mean device us a call, and its
+    share of the case's eager median), or nothing when no case has kernels_us."""
+    body = []
+    calls = results.get("settings", {}).get("kernel_calls", "the")
+    for r in results.get("cases", []):
+        eager = _median(r, "flash_kda", "eager")
+        for label, us in (r.get("kernels_us") or {}).get("flash_kda", {}).items():
+            share = f"{us / (eager * 1e3) * 100:.0f}%" if eager else "-"
+            body.append([r["case"]["name"], f"`{label}`", f"{us:.1f}", share])
+    if not body:
+        return []
+    return (["", "## Per-kernel device time (`--kernels`)", "",
+             f"flash_kda's kernels of one eager call: mean device us a call over {calls} profiled calls "
+             "(torch.profiler), and that over the case's eager median. Launch gaps and overlap are "
+             "not in a kernel's figure, so the rows need not sum to the call's time.", ""]
+            + _table(["case", "kernel", "us a call", "of eager"], body))
 
 
 def _err(chk: dict, key: str) -> str:

@@ -6,11 +6,13 @@ import sys
 
 import contextlib
 
-from . import anchors, cases as cases_mod, check, impls, inputs, timing
+from . import anchors, cases as cases_mod, check, impls, inputs, kernels, timing
 
 #: Back-to-back eager calls whose wall-clock time gives a case's host time per call: well below
 #: the launch queue's depth, so that a device-bound call does not make the host wait.
 HOST_CALLS = 100
+#: Profiled eager calls of --kernels (kernels.kernel_times_us): their mean per kernel.
+KERNEL_CALLS = 20
 
 
 def progress(msg: str) -> None:
@@ -107,6 +109,12 @@ def run_case(case: cases_mod.Case, args, copy_bw: float, use_fla: bool) -> dict:
                 result["host_us"] = {"flash_kda": timing.host_us_per_call(ours, HOST_CALLS)}
             except Exception as e:
                 result["errors"]["flash_kda host"] = f"{type(e).__name__}: {e}"
+            if getattr(args, "kernels", False):
+                progress(f"{case.name}: per-kernel device time of flash_kda (torch.profiler)")
+                try:
+                    result["kernels_us"] = {"flash_kda": kernels.kernel_times_us(ours, KERNEL_CALLS)}
+                except Exception as e:
+                    result["errors"]["flash_kda kernels"] = f"{type(e).__name__}: {e}"
         if fla_call is not None:
             progress(f"{case.name}: timing fla chunk_kda (Triton)")
             result["times"]["fla"], errs = _timed("fla", fla_call, args)
@@ -139,7 +147,8 @@ def run_suite(args, meta: dict, on_case=None) -> dict:
         "copy_bandwidth": copy_bw,
         "anchor_source": anchors.ANCHOR_SOURCE,
         "settings": {"iters": args.iters, "warmup": args.warmup, "seed": args.seed, "fla": use_fla,
-                     "num_sms": getattr(args, "num_sms", None)},
+                     "num_sms": getattr(args, "num_sms", None),
+                     **({"kernel_calls": KERNEL_CALLS} if getattr(args, "kernels", False) else {})},
         "planned_cases": len(args.cases),
         "cases": [],
     }
