@@ -10,7 +10,7 @@
 # AB_ROUNDS=n (default 1) runs A, B, A, B, ... n times each, so that the spread between two runs
 # of the same build is measured in the same session as the difference between the builds.
 # The two builds run at once, each on half the cores. Each build runs its own benchmark, so a bench
-# flag must exist in both (--kernels, for the per-kernel table, does from 2026-12-03 on).
+# flag must exist in both (--kernels, for the per-kernel table, does from commit c3d1ee5 on).
 # Output: the rounds' results.{json,md} under {A,B}[-round]/, and with AB_ROUNDS >= 2
 # compare.md (scripts/ab_compare.py: every case, training step and decode point, B against A),
 # in ./ab-out; under the device tool ($OUT set) the rounds go to $OUT/ab-results.tgz and

@@ -66,23 +66,51 @@ def rows(a: list[dict], b: list[dict]) -> list[dict]:
     return out
 
 
-def kernel_rows(a: list[dict], b: list[dict]) -> list[dict]:
-    """One row per (case, kernel) that either build's --kernels rounds timed: the median over
-    the rounds of each build's mean us a call, and each build's spread; None where a build has
-    no figure for it (a kernel only one build launches)."""
-    def figures(runs, name, label):
-        return [k[label] for r in runs for c in r.get("cases") or [] if c["case"]["name"] == name
-                for k in [(c.get("kernels_us") or {}).get("flash_kda", {})] if label in k]
+def _kernel_figures(runs: list[dict]) -> dict[str, dict[str, list[float]]]:
+    """case name -> kernel -> its mean us a call in each round that has it (--kernels), over
+    every round, in first-seen order."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        for c in r.get("cases") or []:
+            for label, us in ((c.get("kernels_us") or {}).get("flash_kda") or {}).items():
+                out.setdefault(c["case"]["name"], {}).setdefault(label, []).append(us)
+    return out
 
+
+def _base(label: str) -> str:
+    """A kernel's name without its template arguments."""
+    return label.split("<", 1)[0]
+
+
+def kernel_rows(a: list[dict], b: list[dict]) -> list[dict]:
+    """One row per (case, kernel) of either build's --kernels rounds: the median over the
+    rounds of each build's mean us a call, and each build's spread. A kernel is paired with the
+    same name in the other build, else with the one kernel of the same name but other template
+    arguments that the other build alone launches (a change that makes a kernel a template:
+    "k" in A, "k<false>" in B), and its row's kernel reads "A's / B's"; a kernel the other build
+    does not launch has None for that build's figures."""
+    fa, fb = _kernel_figures(a), _kernel_figures(b)
     out = []
-    names = [c["case"]["name"] for r in (a[0], b[0]) for c in r.get("cases") or [] if c.get("kernels_us")]
-    for name in dict.fromkeys(names):
-        labels = [lab for r in (a[0], b[0]) for c in r.get("cases") or [] if c["case"]["name"] == name
-                  for lab in (c.get("kernels_us") or {}).get("flash_kda", {})]
-        for label in dict.fromkeys(labels):
-            ta, tb = figures(a, name, label), figures(b, name, label)
+    for name in dict.fromkeys([*fa, *fb]):
+        ka, kb = fa.get(name, {}), fb.get(name, {})
+        only_b = [lab for lab in kb if lab not in ka]
+        pairs = []
+        for la in ka:
+            if la in kb:
+                pairs.append((la, la))
+                continue
+            same = [lb for lb in only_b if _base(lb) == _base(la)]
+            alone = sum(_base(x) == _base(la) for x in ka if x not in kb) == 1
+            if len(same) == 1 and alone:
+                pairs.append((la, same[0]))
+                only_b.remove(same[0])
+            else:
+                pairs.append((la, None))
+        pairs += [(None, lb) for lb in only_b]
+        for la, lb in pairs:
+            label = la if la == lb else f"{la or '-'} / {lb or '-'}" if la and lb else la or lb
             row = {"case": name, "kernel": label, "a": None, "b": None, "spread_a": None, "spread_b": None}
-            for side, t in (("a", ta), ("b", tb)):
+            for side, t in (("a", ka.get(la) if la else None), ("b", kb.get(lb) if lb else None)):
                 if t:
                     m = statistics.median(t)
                     row[side], row["spread_" + side] = m, (max(t) - min(t)) / m if m else 0.0

@@ -81,10 +81,13 @@ run_step() {
   rc=$?
   # pytest-xdist's workers can outlive a pytest cut at its limit and keep the GPU busy under
   # the steps after it (a profile and a benchmark measured 4x slow so). Only a pytest step's
-  # cut kills them (with GPU_CHECK_PARALLEL=1 other steps run beside it; its two pytest steps
-  # share one limit, so the cut of one is the end of both).
+  # cut kills them: every pytest one after another, or with GPU_CHECK_PARALLEL=1 (two pytest
+  # steps at once) only this step's controller, by its own junit path (timeout signals the
+  # step's process group, its workers among them).
   if ((rc == 124 || rc == 137)) && [[ " $* " == *" -m pytest "* ]]; then
-    pkill -KILL -f -- "-m pytest" 2>/dev/null; sleep 1
+    if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then pkill -KILL -f -- "--junitxml=$LOG/$name.xml" 2>/dev/null
+    else pkill -KILL -f -- "-m pytest" 2>/dev/null; fi
+    sleep 1
   fi
   SECS[$name]=$((SECONDS - t0))
   if ((rc == 0)); then STATUS[$name]=pass
@@ -186,15 +189,31 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     # kernels side by side before any of them reaches the shared cache, and ten at once
     # beside ctest and the sanitizers finished 24 of the suite's 1187 items in 460 s
     # (docs/notes/2026-12-03_suite-ab-and-profile.md). Two workers reuse each other's
-    # compiles; the grid then takes a few minutes beside the rest.
+    # compiles (one worker's part holding the grid ran 41 of its 44 points in ~467 s before).
     # What each step runs: its files, or its node ids of GPU_CHECK_PYTEST_ITEMS (a file, one
     # id a line, e.g. an earlier run's pytest-unfinished.txt), read by pytest's @file argument.
     GRID=tests/python/test_backward_grid.py
     SEL_ALL=(tests/python --ignore="$GRID") SEL_GRID=("$GRID") RUN_ALL=1 RUN_GRID=1
+    ITEMS_OK=1
     if [[ -n ${GPU_CHECK_PYTEST_ITEMS:-} ]]; then
-      grep -vF "$GRID::" "$GPU_CHECK_PYTEST_ITEMS" >"$LOG/items-all.txt" || RUN_ALL=0
-      grep -F "$GRID::" "$GPU_CHECK_PYTEST_ITEMS" >"$LOG/items-backward.txt" || RUN_GRID=0
+      # Blank lines dropped (pytest reads one as "" and collects everything); an id of the grid
+      # file (with or without ::) goes to pytest-backward. A file that cannot be read fails both
+      # steps instead of leaving nothing to run.
+      if [[ -r $GPU_CHECK_PYTEST_ITEMS ]]; then
+        grep -v '^[[:space:]]*$' "$GPU_CHECK_PYTEST_ITEMS" >"$LOG/items.txt"
+        grep -vE 'test_backward_grid\.py(::|$)' "$LOG/items.txt" >"$LOG/items-all.txt"
+        grep -E 'test_backward_grid\.py(::|$)' "$LOG/items.txt" >"$LOG/items-backward.txt"
+        [[ -s $LOG/items-all.txt ]] || RUN_ALL=0
+        [[ -s $LOG/items-backward.txt ]] || RUN_GRID=0
+      else
+        ITEMS_OK=0 RUN_ALL=0 RUN_GRID=0
+      fi
       SEL_ALL=("@$LOG/items-all.txt") SEL_GRID=("@$LOG/items-backward.txt")
+    fi
+    # The grid's two workers come out of the step's share only when that step runs.
+    grid_workers=0
+    if ((RUN_GRID)) && [[ -z ${GPU_CHECK_STEPS:-} || ",$GPU_CHECK_STEPS," == *",pytest-backward,"* ]]; then
+      grid_workers=2
     fi
     # The collected ids, for the list of those a cut run leaves unfinished (below).
     { ((RUN_ALL)) && "$PY" -m pytest "${SEL_ALL[@]}" --collect-only -q -p no:cacheprovider -m "not large_memory" 2>/dev/null
@@ -210,18 +229,24 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     if ((RUN_ALL)); then
       # shellcheck disable=SC2086
       run_bg pytest-all "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "${SEL_ALL[@]}" -v -rs \
-        -p no:cacheprovider -n "$((workers - 2))" --dist worksteal -m "not large_memory" --timeout=420 \
+        -p no:cacheprovider -n "$((workers - grid_workers))" --dist worksteal -m "not large_memory" --timeout=420 \
         --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
-    else
+    elif ((ITEMS_OK)); then
       skip_step pytest-all "no GPU_CHECK_PYTEST_ITEMS outside the backward grid"
+    else
+      ORDER+=(pytest-all); STATUS[pytest-all]="FAIL (GPU_CHECK_PYTEST_ITEMS=$GPU_CHECK_PYTEST_ITEMS cannot be read)"
+      SECS[pytest-all]=0
     fi
     if ((RUN_GRID)); then
       # shellcheck disable=SC2086
       run_bg pytest-backward "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "${SEL_GRID[@]}" -v -rs \
         -p no:cacheprovider -n 2 --dist worksteal --timeout=420 \
         --junitxml="$LOG/pytest-backward.xml" ${GPU_CHECK_PYTEST_ARGS:-}
-    else
+    elif ((ITEMS_OK)); then
       skip_step pytest-backward "no GPU_CHECK_PYTEST_ITEMS in the backward grid"
+    else
+      ORDER+=(pytest-backward); STATUS[pytest-backward]="FAIL (GPU_CHECK_PYTEST_ITEMS cannot be read)"
+      SECS[pytest-backward]=0
     fi
   fi
   wait "${BG_PIDS[@]}"

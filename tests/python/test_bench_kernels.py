@@ -1,13 +1,17 @@
 """The benchmark's --kernels: kernel names shortened to their variant, per-call aggregation,
-the flag's combinations, the report's table and ab_compare's per-kernel rows (no GPU)."""
+the profiler's device events (a stand-in torch), the suite's profile pass after the timings, the
+flag's combinations, the report's table and ab_compare's per-kernel rows (no GPU)."""
+import importlib
 import importlib.util
 import json
 import os
+import sys
+import types
 
 import pytest
 
 import _bench_path  # noqa: F401
-from flash_kda_bench import cli, kernels, report
+from flash_kda_bench import cli, kernels, report, suite
 
 _PATH = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "ab_compare.py")
 _spec = importlib.util.spec_from_file_location("ab_compare_k", _PATH)
@@ -27,9 +31,11 @@ FINISH = ("void flash_kda::sm90::(anonymous namespace)::recurrence_kernel<flash_
     ("Memset (Device)", "Memset (Device)"),
     ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pageable -> Device)"),
     ("void  at::native::f<(int)4>(int,\n float*)", "at::native::f<(int)4>"),
+    ("plain_kernel(int, float*)", "plain_kernel"),
+    ("void my_flash_kda::k<flash_kda::A>(int)", "my_flash_kda::k<A>"),
 ])
-def test_kernel_label_keeps_the_variant_and_drops_the_rest(name, label):
-    assert kernels.kernel_label(name) == label
+def test_short_kernel_name_keeps_the_variant_and_drops_the_rest(name, label):
+    assert kernels.short_kernel_name(name) == label
 
 
 def test_two_instances_of_one_kernel_stay_apart_and_repeats_sum_per_call():
@@ -41,14 +47,85 @@ def test_two_instances_of_one_kernel_stay_apart_and_repeats_sum_per_call():
         kernels.aggregate(events, 0)
 
 
+def _fake_torch(monkeypatch, events):
+    """A stand-in torch with a profiler that records `events` (name, device type, us) and
+    counts the calls and synchronisations it sees."""
+    cuda_type, cpu_type = object(), object()
+    seen = {"calls": 0, "syncs": 0}
+
+    class Profile:
+        def __init__(self, activities):
+            assert activities == ["CUDA"]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return [types.SimpleNamespace(name=n, device_type=cuda_type if dev == "cuda" else cpu_type,
+                                          time_range=types.SimpleNamespace(elapsed_us=lambda us=us: us))
+                    for n, dev, us in events]
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(synchronize=lambda: seen.__setitem__("syncs", seen["syncs"] + 1))
+    profiler = types.ModuleType("torch.profiler")
+    profiler.profile = Profile
+    profiler.ProfilerActivity = types.SimpleNamespace(CUDA="CUDA")
+    autograd = types.ModuleType("torch.autograd")
+    autograd.DeviceType = types.SimpleNamespace(CUDA=cuda_type, CPU=cpu_type)
+    for name, mod in (("torch", torch), ("torch.profiler", profiler), ("torch.autograd", autograd)):
+        monkeypatch.setitem(sys.modules, name, mod)
+
+    def fn():
+        seen["calls"] += 1
+    return fn, seen
+
+
+def test_kernel_times_take_the_device_events_only_per_profiled_call(monkeypatch):
+    fn, seen = _fake_torch(monkeypatch, [(RECURRENCE, "cuda", 40.0), ("aten::empty", "cpu", 99.0),
+                                         (RECURRENCE, "cuda", 44.0), ("Memset (Device)", "cuda", 2.0)])
+    assert kernels.kernel_times_us(fn, calls=2, warmup=3) == {"recurrence_kernel<Traits<8, true>>": 42.0,
+                                                              "Memset (Device)": 1.0}
+    assert seen == {"calls": 5, "syncs": 2}
+
+
+def test_a_profile_without_device_events_is_an_error(monkeypatch):
+    fn, _ = _fake_torch(monkeypatch, [("aten::empty", "cpu", 5.0)])
+    with pytest.raises(RuntimeError, match="no device event"):
+        kernels.kernel_times_us(fn, calls=1, warmup=0)
+
+
+def test_the_suite_profiles_each_timed_case_and_a_failure_does_not_fail_it(monkeypatch):
+    fn, _ = _fake_torch(monkeypatch, [(FINISH, "cuda", 7.0)])
+    monkeypatch.setattr(sys.modules["torch"], "inference_mode", lambda: __import__("contextlib").nullcontext(),
+                        raising=False)
+    monkeypatch.setattr(sys.modules["torch"].cuda, "empty_cache", lambda: None, raising=False)
+    monkeypatch.setattr(suite.inputs, "make_inputs", lambda case, seed: object())
+    monkeypatch.setattr(suite.impls, "flash_kda_fn", lambda x, num_sms: (fn, None))
+    args = types.SimpleNamespace(seed=0, num_sms=None)
+    result = {"times": {"flash_kda": {}}, "errors": {}}
+    suite.profile_kernels(cli.parse_args(["--cases", "h16_fixed_8192"]).cases[0], args, result)
+    assert result["kernels_us"] == {"flash_kda": {"recurrence_kernel<Traits<4, false>>": 7.0 / suite.KERNEL_CALLS}}
+
+    def broken(x, num_sms):
+        raise RuntimeError("CUPTI busy")
+    monkeypatch.setattr(suite.impls, "flash_kda_fn", broken)
+    failed = {"times": {"flash_kda": {}}, "errors": {}, "check": None}
+    suite.profile_kernels(cli.parse_args(["--cases", "h16_fixed_8192"]).cases[0], args, failed)
+    assert failed["errors"] == {"kernels": "RuntimeError: CUPTI busy"} and "kernels_us" not in failed
+    assert not importlib.import_module("flash_kda_bench.main").case_failed(failed)
+
+
 def test_the_flag_profiles_forward_cases_only(capsys):
     assert cli.parse_args(["--kernels", "--cases", "h16_fixed_8192"]).kernels
     assert not cli.parse_args([]).kernels
-    for other in (["--decode"], ["--train"], ["--layer"], ["--from-json", "r.json"]):
+    for other in (["--decode"], ["--train"], ["--layer"], ["--from-json", "r.json"], ["--write-record"]):
         with pytest.raises(SystemExit) as e:
             cli.parse_args(["--kernels", *other])
         assert e.value.code == 2
-        assert "--kernels profiles the forward cases" in capsys.readouterr().err
+        assert "--kernels profiles the forward cases after their timings" in capsys.readouterr().err
 
 
 def _case(name, eager_ms, kern):
@@ -85,3 +162,24 @@ def test_ab_compare_puts_each_kernel_of_both_builds_side_by_side(tmp_path, capsy
     out = capsys.readouterr().out
     assert "| h16_fixed_8192 | `segment_scan_kernel` | 31.55 | 32.85 | 1.041 | 0.3% | 0.3% |" in out
     assert "| h16_fixed_8192 | `zero_kernel` | - | 1.00 | - | - | 0.0% |" in out
+
+
+def _round(tmp_path, side, rnd, kern):
+    d = tmp_path / f"{side}-{rnd}"
+    d.mkdir()
+    entry = _case("h16_fixed_8192", 0.25, kern)
+    (d / "results.json").write_text(json.dumps({"cases": [entry]}))
+
+
+def test_a_kernel_made_a_template_is_paired_with_its_old_self_over_every_round(tmp_path):
+    _round(tmp_path, "A", 1, {"segment_scan_kernel": 32.8})
+    _round(tmp_path, "A", 2, {"segment_scan_kernel": 32.9, "late_kernel": 3.0})  # absent from round 1
+    _round(tmp_path, "B", 1, {"segment_scan_kernel<false>": 31.5, "f<1>": 1.0, "f<2>": 2.0})
+    _round(tmp_path, "B", 2, {"segment_scan_kernel<false>": 31.6, "f<1>": 1.0, "f<2>": 2.0})
+    rows = ab_compare.kernel_rows(ab_compare.load(tmp_path, "A"), ab_compare.load(tmp_path, "B"))
+    by = {r["kernel"]: r for r in rows}
+    assert list(by) == ["segment_scan_kernel / segment_scan_kernel<false>", "late_kernel", "f<1>", "f<2>"]
+    scan = by["segment_scan_kernel / segment_scan_kernel<false>"]
+    assert scan["a"] == pytest.approx(32.85) and scan["b"] == pytest.approx(31.55)
+    assert by["late_kernel"]["a"] == 3.0 and by["late_kernel"]["b"] is None
+    assert by["f<1>"]["a"] is None and by["f<2>"]["b"] == 2.0  # two candidates: no guess

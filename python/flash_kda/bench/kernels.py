@@ -10,19 +10,23 @@ profiler's setup adds about a second a case, and its per-kernel times are not th
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Iterable
 
-#: Namespaces dropped from a kernel's name in the tables (the full name stays in the JSON key
-#: only as far as kernel_label leaves it: the template arguments that say which variant ran).
-_DROPPED = ("(anonymous namespace)::", "flash_kda::sm90::", "flash_kda::")
+#: flash_kda's namespaces, dropped from a kernel's name in the tables where they begin a
+#: qualified name (the template arguments, which say which variant ran, stay).
+_NAMESPACES = re.compile(r"(?<![\w:])(?:flash_kda::sm90::|flash_kda::|\(anonymous namespace\)::)+")
 
 
-def kernel_label(name: str) -> str:
+def short_kernel_name(name: str) -> str:
     """A kernel's demangled name without its return type, parameter list and flash_kda's
     namespaces, whitespace collapsed: "void flash_kda::sm90::(anonymous namespace)::k<A, 8>(P)"
-    -> "k<A, 8>". The template arguments stay: they name the variant. A name that is not a
-    C++ signature (e.g. "Memset (Device)") is returned stripped."""
+    -> "k<A, 8>". The template arguments stay: they name the variant. The runtime's copy and
+    fill events (names starting "Memcpy" or "Memset", e.g. "Memset (Device)") keep their
+    names."""
     s = " ".join(name.split())
+    if s.startswith(("Memcpy", "Memset")):
+        return s
     if s.startswith("void "):
         s = s[5:]
     if s.endswith(")"):
@@ -30,25 +34,19 @@ def kernel_label(name: str) -> str:
         for i in range(len(s) - 1, -1, -1):
             depth += {")": 1, "(": -1}.get(s[i], 0)
             if depth == 0:
-                head = s[:i].rstrip()
-                # A parameter list follows a qualified or templated name; "(Device)" after a
-                # plain word (Memset, Memcpy) is part of the name.
-                if "::" in head or "<" in head:
-                    s = head
+                s = s[:i].rstrip() or s
                 break
-    for ns in _DROPPED:
-        s = s.replace(ns, "")
-    return s
+    return _NAMESPACES.sub("", s)
 
 
 def aggregate(events: Iterable[tuple[str, float]], calls: int) -> dict[str, float]:
-    """{kernel_label(name): total microseconds / calls} of (name, device microseconds) pairs,
+    """{short_kernel_name(name): total microseconds / calls} of (name, device microseconds) pairs,
     in the order each label first appears. Raises ValueError for calls < 1."""
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
     out: dict[str, float] = {}
     for name, us in events:
-        label = kernel_label(name)
+        label = short_kernel_name(name)
         out[label] = out.get(label, 0.0) + float(us)
     return {k: v / calls for k, v in out.items()}
 
@@ -63,7 +61,9 @@ def device_events(prof) -> list[tuple[str, float]]:
 def kernel_times_us(fn: Callable[[], object], calls: int = 20, warmup: int = 3) -> dict[str, float]:
     """Mean device microseconds per call of each kernel fn launches (aggregate of
     device_events), over `calls` eager calls profiled after `warmup` untimed ones. Raises
-    ValueError for calls < 1, and whatever fn or the profiler raises."""
+    ValueError for calls < 1, RuntimeError when the profiler recorded no device event (CUPTI
+    unavailable, or held by another profiler such as nsys), and whatever fn or the profiler
+    raises."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -76,4 +76,8 @@ def kernel_times_us(fn: Callable[[], object], calls: int = 20, warmup: int = 3) 
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    return aggregate(device_events(prof), calls)
+    events = device_events(prof)
+    if not events:
+        raise RuntimeError("torch.profiler recorded no device event (is CUPTI available, and not held by another "
+                           "profiler?)")
+    return aggregate(events, calls)

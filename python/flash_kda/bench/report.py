@@ -8,6 +8,8 @@ Pure Python on the dict run_suite returns (no torch), so tests can feed fake res
               fla_ms, floor_ms} | None, "times": {"flash_kda"|"fla": {"eager"|"graph":
               {median, min, max, n}}}, "host_us": {"flash_kda": us per eager call} | absent,
               "check": check_case dict | None, "errors": {what: msg},
+              "kernels_us": {"flash_kda": {kernel name: mean device us a call}} | absent (--kernels;
+              settings.kernel_calls the profiled calls; an error under errors["kernels"]),
               "from_run": str | absent (a record merged from several runs: the run this case's
               figures come from, when it is not the header's)}],
    "layer": layer result | absent,
@@ -21,7 +23,7 @@ Pure Python on the dict run_suite returns (no torch), so tests can feed fake res
               "check": train.check_gradients dict | None, "check_note": str | absent, "errors"}]
             | absent (python -m flash_kda.bench --train),
    "train_run": {meta, settings, planned_train} | absent (a record the training table was merged into)}
-All times are milliseconds.
+All times are milliseconds, but host_us and kernels_us (microseconds).
 """
 
 from __future__ import annotations
