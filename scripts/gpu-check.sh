@@ -226,28 +226,24 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     pytest_cap=$((BUDGET - SECONDS - 45))
     ((pytest_cap > 470)) && pytest_cap=470
     workers=$((JOBS * 5 / 8 > 3 ? JOBS * 5 / 8 : 3))
-    if ((RUN_ALL)); then
-      # shellcheck disable=SC2086
-      run_bg pytest-all "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "${SEL_ALL[@]}" -v -rs \
-        -p no:cacheprovider -n "$((workers - grid_workers))" --dist worksteal -m "not large_memory" --timeout=420 \
-        --junitxml="$LOG/pytest-all.xml" ${GPU_CHECK_PYTEST_ARGS:-}
-    elif ((ITEMS_OK)); then
-      skip_step pytest-all "no GPU_CHECK_PYTEST_ITEMS outside the backward grid"
-    else
-      ORDER+=(pytest-all); STATUS[pytest-all]="FAIL (GPU_CHECK_PYTEST_ITEMS=$GPU_CHECK_PYTEST_ITEMS cannot be read)"
-      SECS[pytest-all]=0
-    fi
-    if ((RUN_GRID)); then
-      # shellcheck disable=SC2086
-      run_bg pytest-backward "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "${SEL_GRID[@]}" -v -rs \
-        -p no:cacheprovider -n 2 --dist worksteal --timeout=420 \
-        --junitxml="$LOG/pytest-backward.xml" ${GPU_CHECK_PYTEST_ARGS:-}
-    elif ((ITEMS_OK)); then
-      skip_step pytest-backward "no GPU_CHECK_PYTEST_ITEMS in the backward grid"
-    else
-      ORDER+=(pytest-backward); STATUS[pytest-backward]="FAIL (GPU_CHECK_PYTEST_ITEMS cannot be read)"
-      SECS[pytest-backward]=0
-    fi
+    # pytest_bg NAME RUN WORKERS WHY_SKIPPED ARGS...: pytest ARGS as step NAME in the background
+    # when RUN is 1; else skipped with WHY_SKIPPED, or failed when the items file is unreadable.
+    pytest_bg() {
+      local name=$1 run=$2 n=$3 why=$4; shift 4
+      if ((run)); then
+        # shellcheck disable=SC2086
+        run_bg "$name" "$pytest_cap" env TRITON_CACHE_DIR=/tmp/gpu-check-triton "$PY" -m pytest "$@" -v -rs \
+          -p no:cacheprovider -n "$n" --dist worksteal --timeout=420 --junitxml="$LOG/$name.xml" ${GPU_CHECK_PYTEST_ARGS:-}
+      elif ((ITEMS_OK)); then
+        skip_step "$name" "$why"
+      else
+        ORDER+=("$name"); STATUS[$name]="FAIL (GPU_CHECK_PYTEST_ITEMS=$GPU_CHECK_PYTEST_ITEMS cannot be read)"
+        SECS[$name]=0
+      fi
+    }
+    pytest_bg pytest-all "$RUN_ALL" "$((workers - grid_workers))" "no GPU_CHECK_PYTEST_ITEMS outside the backward grid" \
+      "${SEL_ALL[@]}" -m "not large_memory"
+    pytest_bg pytest-backward "$RUN_GRID" 2 "no GPU_CHECK_PYTEST_ITEMS in the backward grid" "${SEL_GRID[@]}"
   fi
   wait "${BG_PIDS[@]}"
   for name in "${BG_NAMES[@]}"; do
