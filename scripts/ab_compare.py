@@ -141,9 +141,9 @@ def main() -> int:
         print("\nPer-kernel device time (--kernels; mean us a call, median over the rounds):\n")
         print("| case | kernel | A us | B us | B / A | spread A | spread B |")
         print("|---|---|---:|---:|---:|---:|---:|")
+        f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        p = lambda v: "-" if v is None else f"{v * 100:.1f}%"  # noqa: E731
         for r in ktable:
-            f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-            p = lambda v: "-" if v is None else f"{v * 100:.1f}%"  # noqa: E731
             ratio = f"{r['b'] / r['a']:.3f}" if r["a"] and r["b"] is not None else "-"
             print(f"| {r['case']} | `{r['kernel']}` | {f(r['a'])} | {f(r['b'])} | {ratio} | {p(r['spread_a'])} | "
                   f"{p(r['spread_b'])} |")

@@ -186,10 +186,9 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     # Two pytest steps at once: the backward's gradient grid (pytest-backward, 2 workers) and
     # everything else (pytest-all). Each grid point autotunes and compiles fla's Triton
     # backward for its shape; workers that start on grid points together compile the same
-    # kernels side by side before any of them reaches the shared cache, and ten at once
-    # beside ctest and the sanitizers finished 24 of the suite's 1187 items in 460 s
-    # (docs/notes/2026-12-03_suite-ab-and-profile.md). Two workers reuse each other's
-    # compiles (one worker's part holding the grid ran 41 of its 44 points in ~467 s before).
+    # kernels side by side before any of them reaches the shared cache, which starves the
+    # CPU the other steps share. Two workers mostly reuse each other's compiles (the
+    # measurements: docs/notes/2026-12-03_suite-ab-and-profile.md).
     # What each step runs: its files, or its node ids of GPU_CHECK_PYTEST_ITEMS (a file, one
     # id a line, e.g. an earlier run's pytest-unfinished.txt), read by pytest's @file argument.
     GRID=tests/python/test_backward_grid.py

@@ -2,9 +2,7 @@
 the profiler's device events (a stand-in torch), the suite's profile pass after the timings, the
 flag's combinations, the report's table and ab_compare's per-kernel rows (no GPU)."""
 import importlib
-import importlib.util
 import json
-import os
 import sys
 import types
 
@@ -12,11 +10,7 @@ import pytest
 
 import _bench_path  # noqa: F401
 from flash_kda_bench import cli, kernels, report, suite
-
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "ab_compare.py")
-_spec = importlib.util.spec_from_file_location("ab_compare_k", _PATH)
-ab_compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab_compare)
+from test_ab_compare import ab_compare
 
 RECURRENCE = ("void flash_kda::sm90::(anonymous namespace)::recurrence_kernel<flash_kda::sm90::Traits<8, true>>"
               "(flash_kda::sm90::RecurrenceParams)")
@@ -143,14 +137,18 @@ def test_report_lists_each_kernel_with_its_share_of_the_eager_time():
     assert report.kernels_section({"cases": [{"case": {"name": "x"}, "times": {}}]}) == []
 
 
+def _round(tmp_path, side, rnd, kern):
+    d = tmp_path / f"{side}-{rnd}"
+    d.mkdir()
+    entry = _case("h16_fixed_8192", 0.25, kern)
+    entry["times"]["flash_kda"]["graph"] = {"median": 0.224}
+    (d / "results.json").write_text(json.dumps({"cases": [entry]}))
+
+
 def test_ab_compare_puts_each_kernel_of_both_builds_side_by_side(tmp_path, capsys, monkeypatch):
     for rnd, (sa, sb) in enumerate(((31.5, 32.8), (31.6, 32.9)), start=1):
-        for side, scan, extra in (("A", sa, {}), ("B", sb, {"zero_kernel": 1.0})):
-            d = tmp_path / f"{side}-{rnd}"
-            d.mkdir()
-            entry = _case("h16_fixed_8192", 0.25, {"segment_scan_kernel": scan, **extra})
-            entry["times"]["flash_kda"]["graph"] = {"median": 0.224}
-            (d / "results.json").write_text(json.dumps({"cases": [entry]}))
+        _round(tmp_path, "A", rnd, {"segment_scan_kernel": sa})
+        _round(tmp_path, "B", rnd, {"segment_scan_kernel": sb, "zero_kernel": 1.0})
     a, b = ab_compare.load(tmp_path, "A"), ab_compare.load(tmp_path, "B")
     rows = ab_compare.kernel_rows(a, b)
     assert [(r["case"], r["kernel"]) for r in rows] == [("h16_fixed_8192", "segment_scan_kernel"),
@@ -162,13 +160,6 @@ def test_ab_compare_puts_each_kernel_of_both_builds_side_by_side(tmp_path, capsy
     out = capsys.readouterr().out
     assert "| h16_fixed_8192 | `segment_scan_kernel` | 31.55 | 32.85 | 1.041 | 0.3% | 0.3% |" in out
     assert "| h16_fixed_8192 | `zero_kernel` | - | 1.00 | - | - | 0.0% |" in out
-
-
-def _round(tmp_path, side, rnd, kern):
-    d = tmp_path / f"{side}-{rnd}"
-    d.mkdir()
-    entry = _case("h16_fixed_8192", 0.25, kern)
-    (d / "results.json").write_text(json.dumps({"cases": [entry]}))
 
 
 def test_a_kernel_made_a_template_is_paired_with_its_old_self_over_every_round(tmp_path):

@@ -4,6 +4,7 @@ import argparse
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,15 +63,20 @@ print("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" 
 """
 
 
-def _run_with_fake_sanitizer(tmp_path, *args):
+def _fake_sanitizer_env(tmp_path, body: str) -> dict:
+    """An environment whose PATH finds a stand-in compute-sanitizer running `body` (Python)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     fake = bindir / "compute-sanitizer"
-    fake.write_text(f"#!{sys.executable}\n" + FAKE_SANITIZER)
+    fake.write_text(f"#!{sys.executable}\n" + body)
     fake.chmod(0o755)
-    env = {"PATH": f"{bindir}:/usr/bin:/bin"}
+    return {"PATH": f"{bindir}:/usr/bin:/bin"}
+
+
+def _run_with_fake_sanitizer(tmp_path, *args):
     return subprocess.run([sys.executable, str(SCRIPT), "--log-dir", str(tmp_path / "logs"), *args],
-                          capture_output=True, text=True, env=env, timeout=60)
+                          capture_output=True, text=True, env=_fake_sanitizer_env(tmp_path, FAKE_SANITIZER),
+                          timeout=60)
 
 
 def test_the_sanitized_child_gets_the_subset_and_its_own_log(tmp_path):
@@ -91,15 +97,9 @@ def test_all_cases_by_default_under_the_plain_log_names(tmp_path):
 
 
 def test_a_sigterm_stops_the_tools_and_still_reports_each(tmp_path):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    fake = bindir / "compute-sanitizer"
-    fake.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")  # a tool that outlasts its caller
-    fake.chmod(0o755)
+    env = _fake_sanitizer_env(tmp_path, "import time\ntime.sleep(60)\n")  # a tool that outlasts its caller
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--log-dir", str(tmp_path / "logs")],
-                            stdout=subprocess.PIPE, text=True, env={"PATH": f"{bindir}:/usr/bin:/bin"})
-    import time
-
+                            stdout=subprocess.PIPE, text=True, env=env)
     time.sleep(2)
     proc.terminate()
     out, _ = proc.communicate(timeout=30)

@@ -148,6 +148,7 @@ def run_suite(args, meta: dict, on_case=None) -> dict:
     """
     import torch
 
+    profile = getattr(args, "kernels", False)
     use_fla = not args.no_fla and meta.get("fla") not in (None, "not installed")
     if not args.no_fla and not use_fla:
         progress("fla is not installed: timing flash_kda only (pip install flash-linear-attention to compare)")
@@ -161,7 +162,7 @@ def run_suite(args, meta: dict, on_case=None) -> dict:
         "anchor_source": anchors.ANCHOR_SOURCE,
         "settings": {"iters": args.iters, "warmup": args.warmup, "seed": args.seed, "fla": use_fla,
                      "num_sms": getattr(args, "num_sms", None),
-                     **({"kernel_calls": KERNEL_CALLS} if getattr(args, "kernels", False) else {})},
+                     **({"kernel_calls": KERNEL_CALLS} if profile else {})},
         "planned_cases": len(args.cases),
         "cases": [],
     }
@@ -183,7 +184,7 @@ def run_suite(args, meta: dict, on_case=None) -> dict:
                 on_case(results)
         # After every timing: the profiler's CUPTI setup would otherwise sit between the timed
         # calls of the cases after it.
-        if getattr(args, "kernels", False):
+        if profile:
             for i, (case, result) in enumerate(zip(args.cases, results["cases"]), 1):
                 if "flash_kda" not in result["times"]:
                     continue
