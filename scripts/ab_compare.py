@@ -68,12 +68,13 @@ def rows(a: list[dict], b: list[dict]) -> list[dict]:
 
 def _kernel_figures(runs: list[dict]) -> dict[str, dict[str, list[float]]]:
     """case name -> kernel -> its mean us a call in each round that has it (--kernels), over
-    every round, in first-seen order."""
+    every round, in first-seen order; a --train step's case is named "<case> (train step)"."""
     out: dict[str, dict[str, list[float]]] = {}
     for r in runs:
-        for c in r.get("cases") or []:
-            for label, us in ((c.get("kernels_us") or {}).get("flash_kda") or {}).items():
-                out.setdefault(c["case"]["name"], {}).setdefault(label, []).append(us)
+        for section, suffix in (("cases", ""), ("train", " (train step)")):
+            for c in r.get(section) or []:
+                for label, us in ((c.get("kernels_us") or {}).get("flash_kda") or {}).items():
+                    out.setdefault(c["case"]["name"] + suffix, {}).setdefault(label, []).append(us)
     return out
 
 

@@ -1,6 +1,8 @@
 """The benchmark's --kernels: kernel names shortened to their variant, per-call aggregation,
-the profiler's device events (a stand-in torch), the suite's profile pass after the timings, the
-flag's combinations, the report's table and ab_compare's per-kernel rows (no GPU)."""
+the profiler's device events (a stand-in torch), the suite's and --train's profile passes after
+the timings, the flag's combinations, the report's table and ab_compare's per-kernel rows (no
+GPU)."""
+import contextlib
 import importlib
 import json
 import sys
@@ -9,7 +11,7 @@ import types
 import pytest
 
 import _bench_path  # noqa: F401
-from flash_kda_bench import cli, kernels, report, suite
+from flash_kda_bench import cli, kernels, report, suite, train
 from test_ab_compare import ab_compare
 
 RECURRENCE = ("void flash_kda::sm90::(anonymous namespace)::recurrence_kernel<flash_kda::sm90::Traits<8, true>>"
@@ -112,14 +114,71 @@ def test_the_suite_profiles_each_timed_case_and_a_failure_does_not_fail_it(monke
     assert not importlib.import_module("flash_kda_bench.main").case_failed(failed)
 
 
-def test_the_flag_profiles_forward_cases_only(capsys):
+def test_the_flag_profiles_forward_cases_and_training_steps_only(capsys):
     assert cli.parse_args(["--kernels", "--cases", "h16_fixed_8192"]).kernels
+    assert cli.parse_args(["--kernels", "--train", "--cases", "h16_fixed_8192"]).kernels
     assert not cli.parse_args([]).kernels
-    for other in (["--decode"], ["--train"], ["--layer"], ["--from-json", "r.json"], ["--write-record"]):
+    for other in (["--decode"], ["--layer"], ["--from-json", "r.json"], ["--write-record"]):
         with pytest.raises(SystemExit) as e:
             cli.parse_args(["--kernels", *other])
         assert e.value.code == 2
-        assert "--kernels profiles the forward cases after their timings" in capsys.readouterr().err
+        assert "--kernels profiles the forward cases (or --train's steps) after their timings" in capsys.readouterr().err
+
+
+def test_train_profiles_each_timed_step_after_every_timing(monkeypatch):
+    _fake_torch(monkeypatch, [])
+    monkeypatch.setattr(sys.modules["torch"], "manual_seed", lambda seed: None, raising=False)
+    order = []
+
+    def run_case(case, args, use_fla):
+        order.append(("time", case.name))
+        timed = {} if case.name == "h4_fixed_1024" else {"flash_kda": {"eager": {"median": 1.0}}}
+        return {"case": {"name": case.name}, "times": timed, "errors": {}}
+    monkeypatch.setattr(train, "run_train_case", run_case)
+    monkeypatch.setattr(train, "profile_train_kernels", lambda case, args, r: order.append(("profile", case.name)))
+    args = cli.parse_args(["--train", "--kernels", "--no-fla", "--cases", "h16_fixed_8192,h4_fixed_1024,h32_fixed_8192"])
+    results = train.run_train_suite(args, {"fla": "not installed"})
+    assert order == [("time", "h16_fixed_8192"), ("time", "h4_fixed_1024"), ("time", "h32_fixed_8192"),
+                     ("profile", "h16_fixed_8192"), ("profile", "h32_fixed_8192")]  # h4: flash_kda was not timed
+    assert results["settings"]["kernel_calls"] == suite.KERNEL_CALLS
+    order.clear()
+    train.run_train_suite(cli.parse_args(["--train", "--no-fla", "--cases", "h16_fixed_8192"]), {"fla": None})
+    assert order == [("time", "h16_fixed_8192")]
+
+
+def test_a_train_step_profile_lands_in_its_case_and_a_failure_does_not_fail_it(monkeypatch):
+    _fake_torch(monkeypatch, [])
+    torch = sys.modules["torch"]
+    for name, value in (("no_grad", contextlib.nullcontext), ("Tensor", type("Tensor", (), {}))):
+        monkeypatch.setattr(torch, name, value, raising=False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None, raising=False)
+    monkeypatch.setattr(train.inputs, "make_inputs", lambda case, seed: object())
+    monkeypatch.setattr(train.impls, "chunk_kda_kwargs", lambda x: {"q": "q0"})
+    monkeypatch.setattr(train, "differentiable", lambda kw: ({**kw, "q": "q-leaf"}, ["q"]))
+    monkeypatch.setattr(train, "flash_kda_call", lambda **kw: ("out", "final"))
+    monkeypatch.setattr(train, "output_gradients", lambda out, final: (f"d {out}", f"d {final}"))
+    steps = []
+    monkeypatch.setattr(train, "step", lambda fn, kw, names, d_out, d_final: steps.append((kw, names, d_out, d_final)))
+
+    def profiled(fn, calls):
+        assert calls == suite.KERNEL_CALLS
+        fn()
+        return {"chain_kernel": 5.0}
+    monkeypatch.setattr(train.kernels, "kernel_times_us", profiled)
+    case = cli.parse_args(["--cases", "h16_fixed_8192"]).cases[0]
+    args = types.SimpleNamespace(seed=0)
+    result = {"times": {"flash_kda": {}}, "errors": {}}
+    train.profile_train_kernels(case, args, result)
+    assert result["kernels_us"] == {"flash_kda": {"chain_kernel": 5.0}}
+    assert steps == [({"q": "q-leaf"}, ["q"], "d out", "d final")]  # the timed step: leaves, fixed gradients
+
+    def busy(fn, calls):
+        raise RuntimeError("CUPTI busy")
+    monkeypatch.setattr(train.kernels, "kernel_times_us", busy)
+    failed = {"times": {"flash_kda": {}}, "errors": {}, "check": None}
+    train.profile_train_kernels(case, args, failed)
+    assert failed["errors"] == {"kernels": "RuntimeError: CUPTI busy"} and "kernels_us" not in failed
+    assert not train.case_failed(failed)
 
 
 def _case(name, eager_ms, kern):
@@ -135,6 +194,14 @@ def test_report_lists_each_kernel_with_its_share_of_the_eager_time():
     assert "| h16_fixed_8192 | `segment_scan_kernel` | 31.5 | 13% |" in lines
     assert any("over 20 profiled calls" in line for line in lines)
     assert report.kernels_section({"cases": [{"case": {"name": "x"}, "times": {}}]}) == []
+
+
+def test_report_names_a_training_step_rows_and_shows_them_in_a_train_run():
+    results = {"settings": {"kernel_calls": 20}, "cases": [],
+               "train": [_case("h32_fixed_8192", 5.0, {"chain_kernel": 1000.0})]}
+    results["train"][0]["case"].update(T_total=8192, heads=32, num_seqs=1)
+    assert "| h32_fixed_8192 (train step) | `chain_kernel` | 1000.0 | 20% |" in report.kernels_section(results)
+    assert "## Per-kernel device time (`--kernels`)" in report.to_markdown(results)
 
 
 def _round(tmp_path, side, rnd, kern):
@@ -174,3 +241,15 @@ def test_a_kernel_made_a_template_is_paired_with_its_old_self_over_every_round(t
     assert scan["a"] == pytest.approx(32.85) and scan["b"] == pytest.approx(31.55)
     assert by["late_kernel"]["a"] == 3.0 and by["late_kernel"]["b"] is None
     assert by["f<1>"]["a"] is None and by["f<2>"]["b"] == 2.0  # two candidates: no guess
+
+
+def test_ab_compare_names_a_training_step_kernels_apart_from_the_forward_case(tmp_path):
+    for side, us in (("A", 1000.0), ("B", 900.0)):
+        d = tmp_path / f"{side}-1"
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps({
+            "cases": [_case("h32_fixed_8192", 0.3, {"chain_kernel": 1.0})],
+            "train": [_case("h32_fixed_8192", 5.0, {"chain_kernel": us})]}))
+    rows = ab_compare.kernel_rows(ab_compare.load(tmp_path, "A"), ab_compare.load(tmp_path, "B"))
+    assert [(r["case"], r["a"], r["b"]) for r in rows] == [("h32_fixed_8192", 1.0, 1.0),
+                                                           ("h32_fixed_8192 (train step)", 1000.0, 900.0)]

@@ -165,10 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run every call on a CUDA green context of N SMs (a multiple of 8; e.g. 80 or 112 "
                      "for an H20 or H100 PCIe) and give flash_kda's plan the same count; eager timings only")
     run.add_argument("--kernels", action="store_true",
-                     help="after every case is timed, also record each forward case's per-kernel device time "
-                     "(torch.profiler over 20 eager calls of flash_kda: mean us a call of each kernel; "
-                     "results.json kernels_us, a table in results.md); for telling which kernel an A/B moves; "
-                     "not with --write-record")
+                     help="after every case is timed, also record each case's per-kernel device time "
+                     "(torch.profiler over 20 eager calls of flash_kda, or with --train 20 forward + backward "
+                     "steps: mean us a call of each kernel; results.json kernels_us, a table in results.md); "
+                     "for telling which kernel an A/B moves; not with --write-record")
     run.add_argument("--layer", action="store_true",
                      help="time fla's KimiDeltaAttention layer (hidden 2304, 32 heads) Triton vs flash_kda instead")
     out = p.add_argument_group("output")
@@ -197,9 +197,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.decode_cases = []
     variant = (args.gate != ["safe"] or args.state_layout != "v_first" or args.state_dtypes is not None or args.strided
                or args.entry is not None)
-    if args.kernels and (args.decode or args.train or args.layer or args.from_json is not None or args.write_record):
-        parser.error("--kernels profiles the forward cases after their timings: not with --decode, --train, --layer, "
-                     "--from-json or --write-record (a record's timings come from a run without the profiler)")
+    if args.kernels and (args.decode or args.layer or args.from_json is not None or args.write_record):
+        parser.error("--kernels profiles the forward cases (or --train's steps) after their timings: not with "
+                     "--decode, --layer, --from-json or --write-record (a record's timings come from a run without "
+                     "the profiler)")
     if args.decode and variant:
         parser.error("--gate/--state-layout/--state-dtypes/--strided/--entry vary the forward cases: not with --decode")
     if args.train:

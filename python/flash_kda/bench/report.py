@@ -379,9 +379,9 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
         md += [f"- {line}" for line in notes(results)]
         md += [f"- {line}" for line in _error_lines(results)]
         md += accuracy_section(results)
-        md += kernels_section(results)
     md += decode_markdown(results)
     md += train_markdown(results)
+    md += kernels_section(results)
     if "layer" in results:
         md += ["", "## KimiDeltaAttention layer", "", format_layer(results["layer"])]
     if chart:
@@ -391,14 +391,16 @@ def to_markdown(results: dict, chart: str | None = None) -> str:
 
 def kernels_section(results: dict) -> list[str]:
     """The per-kernel table of a --kernels run (case, kernel, mean device us a call, and its
-    share of the case's eager median), or nothing when no case has kernels_us."""
+    share of the case's eager median; a --train case's rows are its forward + backward step's,
+    named "<case> (train step)"), or nothing when no case has kernels_us."""
     body = []
     calls = results.get("settings", {}).get("kernel_calls", "the")
-    for r in results.get("cases", []):
-        eager = _median(r, "flash_kda", "eager")
-        for label, us in (r.get("kernels_us") or {}).get("flash_kda", {}).items():
-            share = f"{us / (eager * 1e3) * 100:.0f}%" if eager else "-"
-            body.append([r["case"]["name"], f"`{label}`", f"{us:.1f}", share])
+    for section, suffix in (("cases", ""), ("train", " (train step)")):
+        for r in results.get(section, []):
+            eager = _median(r, "flash_kda", "eager")
+            for label, us in (r.get("kernels_us") or {}).get("flash_kda", {}).items():
+                share = f"{us / (eager * 1e3) * 100:.0f}%" if eager else "-"
+                body.append([r["case"]["name"] + suffix, f"`{label}`", f"{us:.1f}", share])
     if not body:
         return []
     return (["", "## Per-kernel device time (`--kernels`)", "",

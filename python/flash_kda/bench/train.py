@@ -26,7 +26,7 @@ import dataclasses
 import math
 
 from . import check as check_mod
-from . import impls, inputs, timing
+from . import impls, inputs, kernels, timing
 
 #: The differentiable inputs of chunk_kda, in its gradients' order.
 GRAD_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
@@ -219,17 +219,47 @@ def run_train_case(case, args, use_fla: bool) -> dict:
     return result
 
 
+def profile_train_kernels(case, args, result: dict) -> None:
+    """--kernels with --train, for one timed case: the per-kernel device time of flash_kda's
+    forward + backward step (kernels.kernel_times_us over suite.KERNEL_CALLS steps, on the
+    inputs and output gradients run_train_case timed) into result["kernels_us"]["flash_kda"];
+    a failure goes to result["errors"]["kernels"], which does not fail the case (case_failed)."""
+    import torch
+
+    from . import suite
+
+    x = inputs.make_inputs(case, seed=args.seed)
+    try:
+        kw, names = differentiable(impls.chunk_kda_kwargs(x))
+        with torch.no_grad():
+            out, final_state = flash_kda_call(**{n: t.detach() if isinstance(t, torch.Tensor) else t
+                                                 for n, t in kw.items()})[:2]
+        d_out, d_final = output_gradients(out, final_state)
+        del out, final_state
+        result["kernels_us"] = {"flash_kda": kernels.kernel_times_us(
+            lambda: step(flash_kda_call, kw, names, d_out, d_final), suite.KERNEL_CALLS)}
+    except Exception as e:
+        result["errors"]["kernels"] = f"{type(e).__name__}: {e}"
+        suite.progress(f"{case.name}: kernels failed: {result['errors']['kernels']}")
+    del x
+    torch.cuda.empty_cache()
+
+
 def run_train_suite(args, meta: dict, on_case=None) -> dict:
     """Every case of args.cases as a training step. Returns {"meta", "settings", "planned_train",
-    "cases": [], "train": [run_train_case results]}; on_case(results) after each case."""
+    "cases": [], "train": [run_train_case results]}; on_case(results) after each case. With
+    args.kernels, every case timed is then profiled (profile_train_kernels), after all the
+    timings, as the forward suite does."""
     import torch
 
     from . import suite
 
     use_fla = not args.no_fla and meta.get("fla") not in (None, "not installed")
+    profile = getattr(args, "kernels", False)
     torch.manual_seed(args.seed)
     results = {"meta": meta, "settings": {"iters": args.iters, "warmup": args.warmup, "seed": args.seed,
-                                          "fla": use_fla, "check_tokens": CHECK_TOKENS, "check_heads": CHECK_HEADS},
+                                          "fla": use_fla, "check_tokens": CHECK_TOKENS, "check_heads": CHECK_HEADS,
+                                          **({"kernel_calls": suite.KERNEL_CALLS} if profile else {})},
                "planned_train": len(args.cases), "cases": [], "train": []}
     for i, case in enumerate(args.cases, 1):
         suite.progress(f"[{i}/{len(args.cases)}] train {case.name}: T_total {case.total_tokens}, H {case.heads}, "
@@ -237,6 +267,15 @@ def run_train_suite(args, meta: dict, on_case=None) -> dict:
         results["train"].append(run_train_case(case, args, use_fla))
         if on_case is not None:
             on_case(results)
+    if profile:
+        for i, (case, result) in enumerate(zip(args.cases, results["train"]), 1):
+            if "flash_kda" not in result["times"]:
+                continue
+            suite.progress(f"[{i}/{len(args.cases)}] train {case.name}: per-kernel device time of flash_kda's step "
+                           "(torch.profiler)")
+            profile_train_kernels(case, args, result)
+            if on_case is not None:
+                on_case(results)
     return results
 
 
