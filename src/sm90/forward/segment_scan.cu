@@ -22,6 +22,9 @@ constexpr int kRows = kScanRows;      // rows of X per block
 constexpr int kThreads = kScanThreads;  // warp w: rows w and w + 8; lane l: columns 4l .. 4l + 3
 constexpr int kXPad = kScanXPad;
 
+// KFirst: initial_state is [.., HV, K, V] (p.state_k_first), one instantiation per layout so that the
+// transposing load of X_0 stays out of the V-first kernel's register allocation.
+template <bool KFirst>
 __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams p) {
   extern __shared__ __align__(16) float smem[];
   float(*X)[kXPad] = reinterpret_cast<float(*)[kXPad]>(smem + 2 * kHeadDim * kHeadDim);
@@ -49,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
   float x[2][4];
   const int64_t slot = p.pool.slot(n);
   const bool from_state = p.initial_state != nullptr && slot >= 0;
-  if (from_state && p.state_k_first) {
+  if (KFirst && from_state) {
     // [K][V]: this block's 16 rows of X are 16 consecutive v of each of the 128 k rows. Thread
     // tid reads v = tid % 16 of k = tid / 16 + 16 i (16 threads: 64 or 32 contiguous bytes),
     // through X, instead of its own x elements (4 bytes from 32 different k rows per warp).
@@ -127,7 +130,8 @@ __global__ void __launch_bounds__(kThreads) segment_scan_kernel(const ScanParams
 }  // namespace
 
 cudaError_t launch_segment_scan(const ScanParams& p, const KernelLaunch& k, uint64_t context_key, cudaStream_t stream) {
-  return launch_planned<segment_scan_kernel>(k, context_key, p, stream);
+  return p.state_k_first ? launch_planned<segment_scan_kernel<true>>(k, context_key, p, stream)
+                         : launch_planned<segment_scan_kernel<false>>(k, context_key, p, stream);
 }
 
 }  // namespace flash_kda::sm90
