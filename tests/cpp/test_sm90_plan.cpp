@@ -3,6 +3,8 @@
 // 78 SMs (H100/H200 SXM, H100 PCIe, H20), the forced options, and the workspace capacity against
 // every plan for every SM count 1..132. No GPU needed.
 #if defined(FLASH_KDA_WITH_CUDA)
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -226,6 +228,35 @@ TEST(Sm90Plan, BlockWidthAndReservations) {
   const Plan small = flash_kda::sm90::make_plan({shape(1, 1024, 32), odd, {}}, flash_kda::sm90::workspace_layout(shape(1, 1024, 32), {}));
   EXPECT_EQ(small.window_pass.smem_bytes, flash_kda::sm90::RecurrenceSmem<4>::kBytes);
   EXPECT_EQ(small.window_pass.smem_attr, flash_kda::sm90::RecurrenceSmem<4>::kBytes);
+}
+
+TEST(Sm90Plan, IntermediateStatesGrowOnlyTheStatePassesSharedMemory) {
+  using flash_kda::sm90::InterStaging;
+  using flash_kda::sm90::RecurrenceSmem;
+  // The staging buffer holds a whole fp32 state of the block's columns in either layout, row
+  // pitches padded by 16 bytes, after the ring's buffers.
+  EXPECT_EQ(InterStaging<8>::kBytes, 128 * (128 * 4 + 16));
+  EXPECT_EQ(InterStaging<4>::kBytes, 128 * (64 * 4 + 16));
+  EXPECT_GE(InterStaging<8>::kOffset, RecurrenceSmem<8>::kBytes);
+  EXPECT_EQ(InterStaging<8>::kOffset % 128, 0);
+  for (const Plan& plan : {plan_for(shape(1, 1024, 32)), plan_for(shape(16, 2048, 32)), plan_for(shape(1, 512, 96))}) {
+    const flash_kda::sm90::KernelLaunch k = flash_kda::sm90::inter_states_launch(plan.window_pass, plan.window_warps);
+    const int need = plan.window_warps == 4 ? InterStaging<4>::kSmemBytes : InterStaging<8>::kSmemBytes;
+    EXPECT_EQ(k.smem_bytes, std::max(plan.window_pass.smem_bytes, need));
+    EXPECT_EQ(k.smem_attr, 200 * 1024);  // the reservation's attribute, the same on every call
+    EXPECT_GE(k.smem_attr, k.smem_bytes);
+    EXPECT_EQ(k.grid_x, plan.window_pass.grid_x);
+    EXPECT_EQ(k.grid_y, plan.window_pass.grid_y);
+    EXPECT_EQ(k.grid_z, plan.window_pass.grid_z);
+    EXPECT_EQ(k.block, plan.window_pass.block);
+    EXPECT_EQ(k.dependent, plan.window_pass.dependent);
+  }
+  const Plan seg = plan_for(shape(1, 65536, 4));
+  ASSERT_TRUE(seg.segments());
+  const flash_kda::sm90::KernelLaunch f = flash_kda::sm90::inter_states_launch(seg.segment_finish, 8);
+  EXPECT_EQ(f.smem_bytes, InterStaging<8>::kSmemBytes);
+  EXPECT_EQ(f.smem_attr, 200 * 1024);
+  EXPECT_EQ(f.blocks(), seg.segment_finish.blocks());
 }
 
 // The same shapes on the H100 PCIe (114 SMs) and the H20 (78): the decisions follow the SM count.

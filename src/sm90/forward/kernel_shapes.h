@@ -41,6 +41,25 @@ struct RecurrenceSmem {
                 "bulk copies move 16-byte multiples between 16-byte aligned addresses");
 };
 
+/// The staging buffer of a state pass that stores intermediate states (inter_store.cuh), after
+/// RecurrenceSmem<NW>'s buffers: the destination's rows over the block's columns, each padded
+/// by 16 bytes. v-first heads ([V][K]): NW*16 rows of kHeadDim elements; k-first ([K][V]):
+/// kHeadDim rows of NW*16 elements. Sized for fp32 (bf16 uses part of it).
+template <int NW>
+struct InterStaging {
+  static constexpr int kOffset = (RecurrenceSmem<NW>::kBytes + 127) / 128 * 128;
+  /// Padded row pitch in bytes, for the layout and the element size (4: fp32, 2: bf16).
+  static constexpr int pitch(bool k_first, int esize) { return (k_first ? NW * 16 : kHeadDim) * esize + 16; }
+  static constexpr int rows(bool k_first) { return k_first ? kHeadDim : NW * 16; }
+  static constexpr int kBytes = rows(true) * pitch(true, 4) > rows(false) * pitch(false, 4)
+                                    ? rows(true) * pitch(true, 4)
+                                    : rows(false) * pitch(false, 4);
+  /// The block's dynamic shared memory with the staging buffer.
+  static constexpr int kSmemBytes = kOffset + kBytes;
+  static_assert(pitch(true, 2) % 16 == 0 && pitch(false, 2) % 16 == 0 && kOffset % 16 == 0,
+                "bulk copies move 16-byte multiples between 16-byte aligned addresses");
+};
+
 /// One warpgroup (NW = 4) gets a fifth warp that only issues the chunk loads, a producer in the
 /// manner of warp specialisation: with one warp per scheduler every instruction of a consumer
 /// warp is on the chunk step's chain, and the loads are ~35 of its ~310 a step (state pass of

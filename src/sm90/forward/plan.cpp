@@ -273,6 +273,19 @@ Plan make_plan(const PlanInput& in, const WorkspaceLayout& at) {
   return plan;
 }
 
+// The staging buffer fits the exclusive reservation, so that a kernel's attribute stays the
+// plan's on every call (allow_dynamic_smem keeps the first).
+static_assert(InterStaging<8>::kSmemBytes <= kExclusiveBytes && InterStaging<4>::kSmemBytes <= kExclusiveBytes,
+              "the staged intermediate-state store fits the state passes' reservation");
+
+KernelLaunch inter_states_launch(const KernelLaunch& k, int warps) {
+  const int bytes = warps == 4 ? InterStaging<4>::kSmemBytes : InterStaging<8>::kSmemBytes;
+  KernelLaunch out = k;
+  out.smem_bytes = std::max(k.smem_bytes, bytes);
+  out.smem_attr = std::max(k.smem_attr, bytes);
+  return out;
+}
+
 bool prepare_flashkda_flags(const PrepareParams& p) {
   // beta_mul 1: without allow_neg_eigval (params.h).
   return p.gate == GateMode::SafeSigmoid && p.A_log != nullptr && p.dt_bias != nullptr && p.l2norm &&

@@ -94,6 +94,12 @@ void validate_options(const LaunchOptions& options);
 /// Error("launch_options.num_sms", ...).
 void validate_device_options(const LaunchOptions& options, const DeviceProps& device);
 
+/// The launch `k` of a state pass with `warps` warps a block (WindowPass or SegmentFinishPass)
+/// for a call that stores intermediate states: its dynamic shared memory (and the kernel's
+/// attribute) grown to hold the staging buffer of the staged store (kernel_shapes.h,
+/// InterStaging), all else as planned.
+KernelLaunch inter_states_launch(const KernelLaunch& k, int warps);
+
 struct PrepareParams;
 /// Whether a call whose parameter block `p` is filled (but for flashkda_flags and row_form)
 /// has FlashKDA's flags: the safe gate with A_log and dt_bias, the L2 norm, b = sigmoid(beta)

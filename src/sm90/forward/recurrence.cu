@@ -42,6 +42,7 @@
 #include "sm90/common/bf16.cuh"
 #include "sm90/common/launch_config.h"
 #include "sm90/common/stage_ring.cuh"
+#include "sm90/forward/inter_store.cuh"
 #include "sm90/forward/kernel_shapes.h"
 #include "sm90/forward/kernels.h"
 #include "sm90/forward/recurrence_passes.cuh"
@@ -286,10 +287,14 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
   // The consumer warps from here on. The start state is intermediate row 0 when this block
   // starts the sequence with include_initial.
   [[maybe_unused]] InterCursor inter{};
+  // Staged through shared memory and stored by bulk copies (inter_store.cuh), whose 16-byte
+  // alignment the validation guarantees (a non-activation tensor's data pointer is 16-byte
+  // aligned, and every row starts at a multiple of 64 elements).
   auto store_inter = [&](int64_t boundary) {
     if constexpr (kInter) {
       if (boundary != inter.next_b) return;
-      store_state(p.inter.states, p.inter.is_f32, p.state_k_first, state_offset(inter.row, hv, HV), s, v0, g, t4);
+      store_state_staged<NW>(smem + InterStaging<NW>::kOffset, p.inter.states, p.inter.is_f32, p.state_k_first,
+                             state_offset(inter.row, hv, HV), s, v_block, v0, g, t4, tid);
       inter.advance();
     }
   };
@@ -540,6 +545,7 @@ __global__ void __launch_bounds__(recurrence_block_threads(NW)) recurrence_kerne
     chunk_loop(std::false_type{}, std::true_type{});
   else
     chunk_loop(std::false_type{}, std::false_type{});
+  if constexpr (kInter) inter_store_drain();
 
   Pass::template store_end<NW>(p, w, s, v0, g, t4, warp, lane);
 }
