@@ -53,7 +53,11 @@ export PIP_BREAK_SYSTEM_PACKAGES=1  # a GPU image's system Python may be marked 
 export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
 export CUTLASS_INCLUDE_DIR=${CUTLASS_INCLUDE_DIR:-$ROOT/.cutlass/include}
 PY=${PYTHON:-python3}
-echo "gpu-check: logs in $LOG, $JOBS cores, budget ${BUDGET}s"
+# One seed for every pytest process and worker of the run (tests/python/fwd_cases.py
+# base_seed), printed here and in the summary: a step cut at its limit never prints its failure
+# messages, and the seed is what replays a failed grid point (FLASH_KDA_TEST_SEED=<seed>).
+export FLASH_KDA_TEST_SEED=${FLASH_KDA_TEST_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
+echo "gpu-check: logs in $LOG, $JOBS cores, budget ${BUDGET}s, test seed $FLASH_KDA_TEST_SEED"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$LOG/gpu.txt"
 
 declare -A STATUS SECS
@@ -439,7 +443,7 @@ for line in os.environ["STATUS_DUMP"].splitlines():
 head = ("step", "result", "s", "passed", "failed", "skipped", "note")
 w = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
 fmt = lambda r: "| " + " | ".join(x.ljust(w[i]) for i, x in enumerate(r)) + " |"
-print("\ngpu-check summary (logs: %s)" % log)
+print("\ngpu-check summary (logs: %s; test seed %s)" % (log, os.environ.get("FLASH_KDA_TEST_SEED", "-")))
 print(fmt(head)); print("|" + "|".join("-" * (n + 2) for n in w) + "|")
 for r in rows:
     print(fmt(r))

@@ -20,11 +20,14 @@ inline constexpr int64_t kFinishTokens = 64;
 inline constexpr int64_t kChainSlices = 4;
 
 /// The launch options of the recompute, the forward that stores fp32 states every 16 tokens
-/// (64 KB a chunk and value head). Its state pass is bound by each SM's store rate, so where few
-/// (sequence, value head) pairs leave most SMs idle it takes segments (forward/plan.cpp), which
-/// spread the stores over more SMs: S = min(kMaxSms / pairs, chunks / 8, 16) per sequence, taken
-/// when S >= 4; else the forward's plan decides. On the H200 the segments' 3x state-passing work
-/// costs less than the idle SMs' store bandwidth where S >= 4 (docs/performance.md, "Backward").
+/// (64 KB a chunk and value head). Its state pass is bound by each SM's rate of state stores, so
+/// where few (sequence, value head) pairs leave most SMs idle it takes segments
+/// (forward/plan.cpp), which spread the stores over more SMs: S = min(kMaxSms / pairs,
+/// chunks / 8, 16) per sequence, taken when S >= 4; else the forward's plan decides. On the H200
+/// the segments' 3x state-passing work cost less than the idle SMs' store bandwidth where
+/// S >= 4, measured with the states stored from registers; with the staged store
+/// (forward/inter_store.cuh) the threshold is not measured again (docs/performance.md,
+/// "Backward").
 ///
 /// Only for sequences of one length (a fixed-length batch, or one sequence): the plan cuts every
 /// sequence of a varlen batch by the longest possible one (T_total), so a forced count there
