@@ -7,13 +7,15 @@
 // writes 4-8 short segments. The chain's next product overwrites the registers those stores
 // read, so it waits for the stores to leave the SM's store queue: with states every chunk the
 // state pass runs at ~10-15 GB/s an SM (docs/notes/2026-12-02_backward-stalls.md). Shared-memory
-// stores leave the registers at once, and the bulk copies move whole rows (256-512 bytes)
+// stores leave the registers at once, and the bulk copies move whole rows (128-512 bytes)
 // while the chain goes on; the next store waits only for the copies to have read the buffer.
 //
 // The staging buffer (kernel_shapes.h, InterStaging) holds the destination's rows over this
-// block's columns, each padded by 16 bytes so that a warp's fragment stores spread over all
-// banks (v-first: NW*16 rows of v, k-first: kHeadDim rows of k). Row r goes to its place in
-// the head's state by one bulk copy, issued by consumer thread r.
+// block's columns, each padded by 16 bytes (v-first: NW*16 rows of v, k-first: kHeadDim rows of
+// k). The k-first and bf16 fragment stores then meet each bank once a wavefront; the v-first
+// fp32 ones (8 bytes a lane, rows 4 banks apart) meet some banks twice within a half-warp, 4
+// wavefronts a store where 2 would do. Row r goes to its place in the head's state by one bulk
+// copy, issued by consumer thread r.
 #pragma once
 
 #include <cstdint>

@@ -23,7 +23,8 @@
 // (common/stage_ring.cuh): the record by one bulk copy (the TMA engine), the v rows by
 // cp.async, all completing on the buffer's `full` mbarrier; each consumer thread releases a
 // buffer on its `empty` mbarrier once its warp's last product reading it is done. A step has no block barrier,
-// cp.async wait or proxy fence. One warpgroup gets a producer warp that issues every load
+// cp.async wait or proxy fence, except where an instantiation with intermediate states stores
+// one (inter_store.cuh: two barriers over the consumer warps and a proxy fence). One warpgroup gets a producer warp that issues every load
 // (recurrence_has_producer); two warpgroups issue them themselves, kStages - 2 chunks ahead,
 // beside their products (docs/performance.md).
 #include <cuda_bf16.h>
