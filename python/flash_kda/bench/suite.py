@@ -120,23 +120,51 @@ def run_case(case: cases_mod.Case, args, copy_bw: float, use_fla: bool) -> dict:
     return result
 
 
+def profile_into(result: dict, name: str, make_fn) -> None:
+    """result["kernels_us"]["flash_kda"] = kernels.kernel_times_us of the call make_fn() returns,
+    over KERNEL_CALLS calls; a failure (e.g. CUPTI held by another profiler) goes to
+    result["errors"]["kernels"], which is reported but does not fail the case
+    (main.case_failed, train.case_failed)."""
+    import torch
+
+    try:
+        result["kernels_us"] = {"flash_kda": kernels.kernel_times_us(make_fn(), KERNEL_CALLS)}
+    except Exception as e:
+        result["errors"]["kernels"] = f"{type(e).__name__}: {e}"
+        progress(f"{name}: kernels failed: {result['errors']['kernels']}")
+    torch.cuda.empty_cache()
+
+
 def profile_kernels(case: cases_mod.Case, args, result: dict) -> None:
     """--kernels for one timed case: flash_kda's per-kernel device time on the case's inputs
-    (the same seed, so the same inputs), into result["kernels_us"]["flash_kda"]; a failure
-    (e.g. CUPTI held by another profiler) goes to result["errors"]["kernels"], which is
-    reported but does not fail the case (main.case_failed)."""
+    (the same seed, so the same inputs), eager calls under inference mode (profile_into)."""
     import torch
 
     x = inputs.make_inputs(case, seed=args.seed)
-    try:
+
+    def inference_fn():
         ours, _ = impls.flash_kda_fn(x, getattr(args, "num_sms", None))
-        with torch.inference_mode():
-            result["kernels_us"] = {"flash_kda": kernels.kernel_times_us(ours, KERNEL_CALLS)}
-    except Exception as e:
-        result["errors"]["kernels"] = f"{type(e).__name__}: {e}"
-        progress(f"{case.name}: kernels failed: {result['errors']['kernels']}")
+
+        def call():
+            with torch.inference_mode():
+                return ours()
+        return call
+    profile_into(result, case.name, inference_fn)
     del x
-    torch.cuda.empty_cache()
+
+
+def profile_pass(args, results: dict, section: str, profile_one, on_case=None) -> None:
+    """The --kernels pass after every timing (the profiler's CUPTI setup would otherwise sit
+    between the timed calls of the cases after it): profile_one(case, args, result) for each
+    case of results[section] that flash_kda was timed on, on_case(results) after each."""
+    entries = results[section]
+    for i, (case, result) in enumerate(zip(args.cases, entries), 1):
+        if "flash_kda" not in result["times"]:
+            continue
+        progress(f"[{i}/{len(entries)}] {case.name}: per-kernel device time of flash_kda (torch.profiler)")
+        profile_one(case, args, result)
+        if on_case is not None:
+            on_case(results)
 
 
 def run_suite(args, meta: dict, on_case=None) -> dict:
@@ -182,14 +210,6 @@ def run_suite(args, meta: dict, on_case=None) -> dict:
             results["cases"].append(run_case(case, args, copy_bw, use_fla))
             if on_case is not None:
                 on_case(results)
-        # After every timing: the profiler's CUPTI setup would otherwise sit between the timed
-        # calls of the cases after it.
         if profile:
-            for i, (case, result) in enumerate(zip(args.cases, results["cases"]), 1):
-                if "flash_kda" not in result["times"]:
-                    continue
-                progress(f"[{i}/{len(args.cases)}] {case.name}: per-kernel device time of flash_kda (torch.profiler)")
-                profile_kernels(case, args, result)
-                if on_case is not None:
-                    on_case(results)
+            profile_pass(args, results, "cases", profile_kernels, on_case)
     return results

@@ -65,6 +65,16 @@ def output_gradients(out, final_state, seed: int = GRAD_SEED) -> tuple:
     return d_out, d_final
 
 
+def fixed_output_gradients(fn, kw: dict) -> tuple:
+    """output_gradients for the outputs of one no-grad call fn(**kw) (kw's tensors detached):
+    the gradients a case's steps are timed and profiled with."""
+    import torch
+
+    with torch.no_grad():
+        out, final_state = fn(**{n: t.detach() if isinstance(t, torch.Tensor) else t for n, t in kw.items()})[:2]
+    return output_gradients(out, final_state)
+
+
 def step(fn, kw: dict, names: list[str], d_out, d_final) -> tuple:
     """One forward + backward: fn(**kw) then torch.autograd.grad of (out, final state) against
     (d_out, d_final) with respect to kw's inputs `names`. Returns the gradients."""
@@ -188,11 +198,7 @@ def run_train_case(case, args, use_fla: bool) -> dict:
         try:
             with impls.count_flash_kda_calls() as calls:
                 if d_out is None:
-                    with torch.no_grad():
-                        out, final_state = fn(**{n: t.detach() if isinstance(t, torch.Tensor) else t
-                                                 for n, t in kw.items()})[:2]
-                    d_out, d_final = output_gradients(out, final_state)
-                    del out, final_state
+                    d_out, d_final = fixed_output_gradients(fn, kw)
                 # The first step of a shape also pays fla's Triton autotuning, out of the timings.
                 step(fn, kw, names, d_out, d_final)
                 torch.cuda.synchronize()
@@ -221,28 +227,18 @@ def run_train_case(case, args, use_fla: bool) -> dict:
 
 def profile_train_kernels(case, args, result: dict) -> None:
     """--kernels with --train, for one timed case: the per-kernel device time of flash_kda's
-    forward + backward step (kernels.kernel_times_us over suite.KERNEL_CALLS steps, on the
-    inputs and output gradients run_train_case timed) into result["kernels_us"]["flash_kda"];
-    a failure goes to result["errors"]["kernels"], which does not fail the case (case_failed)."""
-    import torch
-
+    forward + backward step on the inputs and output gradients run_train_case timed, through
+    suite.profile_into (its result keys and failure rule)."""
     from . import suite
 
     x = inputs.make_inputs(case, seed=args.seed)
-    try:
+
+    def step_fn():
         kw, names = differentiable(impls.chunk_kda_kwargs(x))
-        with torch.no_grad():
-            out, final_state = flash_kda_call(**{n: t.detach() if isinstance(t, torch.Tensor) else t
-                                                 for n, t in kw.items()})[:2]
-        d_out, d_final = output_gradients(out, final_state)
-        del out, final_state
-        result["kernels_us"] = {"flash_kda": kernels.kernel_times_us(
-            lambda: step(flash_kda_call, kw, names, d_out, d_final), suite.KERNEL_CALLS)}
-    except Exception as e:
-        result["errors"]["kernels"] = f"{type(e).__name__}: {e}"
-        suite.progress(f"{case.name}: kernels failed: {result['errors']['kernels']}")
+        d_out, d_final = fixed_output_gradients(flash_kda_call, kw)
+        return lambda: step(flash_kda_call, kw, names, d_out, d_final)
+    suite.profile_into(result, case.name, step_fn)
     del x
-    torch.cuda.empty_cache()
 
 
 def run_train_suite(args, meta: dict, on_case=None) -> dict:
@@ -268,14 +264,7 @@ def run_train_suite(args, meta: dict, on_case=None) -> dict:
         if on_case is not None:
             on_case(results)
     if profile:
-        for i, (case, result) in enumerate(zip(args.cases, results["train"]), 1):
-            if "flash_kda" not in result["times"]:
-                continue
-            suite.progress(f"[{i}/{len(args.cases)}] train {case.name}: per-kernel device time of flash_kda's step "
-                           "(torch.profiler)")
-            profile_train_kernels(case, args, result)
-            if on_case is not None:
-                on_case(results)
+        suite.profile_pass(args, results, "train", profile_train_kernels, on_case)
     return results
 
 

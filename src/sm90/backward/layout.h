@@ -24,10 +24,10 @@ inline constexpr int64_t kChainSlices = 4;
 /// where few (sequence, value head) pairs leave most SMs idle it takes segments
 /// (forward/plan.cpp), which spread the stores over more SMs: S = min(kMaxSms / pairs,
 /// chunks / 8, 16) per sequence, taken when S >= 4; else the forward's plan decides. On the H200
-/// the segments' 3x state-passing work cost less than the idle SMs' store bandwidth where
-/// S >= 4, measured with the states stored from registers; with the staged store
-/// (forward/inter_store.cuh) the threshold is not measured again (docs/performance.md,
-/// "Backward").
+/// the segments' 3x state-passing work costs less than the idle SMs' store bandwidth where
+/// S >= 4, by a sweep that stored the states from registers; the staged store
+/// (forward/inter_store.cuh) moves that balance by an amount no sweep has measured
+/// (docs/performance.md, "Backward").
 ///
 /// Only for sequences of one length (a fixed-length batch, or one sequence): the plan cuts every
 /// sequence of a varlen batch by the longest possible one (T_total), so a forced count there

@@ -173,10 +173,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
     fp.final_is_f32 = final_is_f32;
     fp.seg_states = seg_states;
     fp.inter = inter;
-    check_cuda(launch_segment_finish(fp, inter.states != nullptr ? inter_states_launch(plan.segment_finish, kSegmentWarps)
-                                                                 : plan.segment_finish,
-                                     ctx, stream),
-               "segment finish launch");
+    check_cuda(launch_segment_finish(fp, plan.segment_finish, ctx, stream), "segment finish launch");
     return;
   }
   // Windows: stage 1 then the window pass of each, records in two alternating buffers. Stage 1
@@ -205,11 +202,7 @@ void launch_forward(const ForwardArgs& a, const ProblemShape& p, const LaunchOpt
     rp.done_expected = w > 0 ? plan.window_pass_warps : 0;
     rp.done_out = w + 1 < plan.num_windows ? done + w : nullptr;
     check_cuda(launch_prepare(pp, plan.prepare_launch(w), ctx, stream), "prepare kernel launch");
-    check_cuda(launch_window_pass(rp, plan.window_warps,
-                                  inter.states != nullptr ? inter_states_launch(plan.window_pass, plan.window_warps)
-                                                          : plan.window_pass,
-                                  ctx, stream),
-               "window pass launch");
+    check_cuda(launch_window_pass(rp, plan.window_warps, plan.window_pass, ctx, stream), "window pass launch");
   }
 }
 

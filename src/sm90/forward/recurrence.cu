@@ -22,9 +22,10 @@
 // so S and U never leave registers. Chunks are prefetched into a ring of stage buffers
 // (common/stage_ring.cuh): the record by one bulk copy (the TMA engine), the v rows by
 // cp.async, all completing on the buffer's `full` mbarrier; each consumer thread releases a
-// buffer on its `empty` mbarrier once its warp's last product reading it is done. A step has no block barrier,
-// cp.async wait or proxy fence, except where an instantiation with intermediate states stores
-// one (inter_store.cuh: two barriers over the consumer warps and a proxy fence). One warpgroup gets a producer warp that issues every load
+// buffer on its `empty` mbarrier once its warp's last product reading it is done. A step has
+// no block barrier, cp.async wait or proxy fence, except where an instantiation with
+// intermediate states stores one (inter_store.cuh: two barriers over the consumer warps and a
+// proxy fence). One warpgroup gets a producer warp that issues every load
 // (recurrence_has_producer); two warpgroups issue them themselves, kStages - 2 chunks ahead,
 // beside their products (docs/performance.md).
 #include <cuda_bf16.h>
@@ -46,6 +47,7 @@
 #include "sm90/forward/inter_store.cuh"
 #include "sm90/forward/kernel_shapes.h"
 #include "sm90/forward/kernels.h"
+#include "sm90/forward/plan.h"
 #include "sm90/forward/recurrence_passes.cuh"
 
 namespace flash_kda::sm90 {
@@ -559,13 +561,15 @@ cudaError_t launch_pass(const typename Pass::Params& p, const KernelLaunch& k, u
 
 }  // namespace
 
-// Intermediate states select their own instantiations, so the kernels without them are the
-// same code as before they existed.
+// Intermediate states select their own instantiations, so the kernels without them carry none
+// of their code, and those take the staging buffer's shared memory (inter_states_launch).
 cudaError_t launch_window_pass(const WindowParams& p, int warps, const KernelLaunch& k, uint64_t context_key,
                                cudaStream_t stream) {
-  if (p.inter.states != nullptr)
-    return warps == 4 ? launch_pass<4, WindowPass, true>(p, k, context_key, stream)
-                      : launch_pass<8, WindowPass, true>(p, k, context_key, stream);
+  if (p.inter.states != nullptr) {
+    const KernelLaunch ki = inter_states_launch(k, warps);
+    return warps == 4 ? launch_pass<4, WindowPass, true>(p, ki, context_key, stream)
+                      : launch_pass<8, WindowPass, true>(p, ki, context_key, stream);
+  }
   return warps == 4 ? launch_pass<4, WindowPass>(p, k, context_key, stream)
                     : launch_pass<8, WindowPass>(p, k, context_key, stream);
 }
@@ -577,7 +581,9 @@ cudaError_t launch_segment_maps(const SegmentMapsParams& p, const KernelLaunch& 
 
 cudaError_t launch_segment_finish(const SegmentFinishParams& p, const KernelLaunch& k, uint64_t context_key,
                                   cudaStream_t stream) {
-  if (p.inter.states != nullptr) return launch_pass<kSegmentWarps, SegmentFinishPass, true>(p, k, context_key, stream);
+  if (p.inter.states != nullptr)
+    return launch_pass<kSegmentWarps, SegmentFinishPass, true>(p, inter_states_launch(k, kSegmentWarps), context_key,
+                                                              stream);
   return launch_pass<kSegmentWarps, SegmentFinishPass>(p, k, context_key, stream);
 }
 
