@@ -164,7 +164,7 @@ def test_a_train_step_profile_lands_in_its_case_and_a_failure_does_not_fail_it(m
         assert calls == suite.KERNEL_CALLS
         fn()
         return {"chain_kernel": 5.0}
-    monkeypatch.setattr(train.kernels, "kernel_times_us", profiled)
+    monkeypatch.setattr(kernels, "kernel_times_us", profiled)
     case = cli.parse_args(["--cases", "h16_fixed_8192"]).cases[0]
     args = types.SimpleNamespace(seed=0)
     result = {"times": {"flash_kda": {}}, "errors": {}}
@@ -174,7 +174,7 @@ def test_a_train_step_profile_lands_in_its_case_and_a_failure_does_not_fail_it(m
 
     def busy(fn, calls):
         raise RuntimeError("CUPTI busy")
-    monkeypatch.setattr(train.kernels, "kernel_times_us", busy)
+    monkeypatch.setattr(kernels, "kernel_times_us", busy)
     failed = {"times": {"flash_kda": {}}, "errors": {}, "check": None}
     train.profile_train_kernels(case, args, failed)
     assert failed["errors"] == {"kernels": "RuntimeError: CUPTI busy"} and "kernels_us" not in failed

@@ -150,7 +150,6 @@ def profile_kernels(case: cases_mod.Case, args, result: dict) -> None:
                 return ours()
         return call
     profile_into(result, case.name, inference_fn)
-    del x
 
 
 def profile_pass(args, results: dict, section: str, profile_one, on_case=None) -> None:

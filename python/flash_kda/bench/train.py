@@ -26,7 +26,7 @@ import dataclasses
 import math
 
 from . import check as check_mod
-from . import impls, inputs, kernels, timing
+from . import impls, inputs, timing
 
 #: The differentiable inputs of chunk_kda, in its gradients' order.
 GRAD_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
@@ -238,7 +238,6 @@ def profile_train_kernels(case, args, result: dict) -> None:
         d_out, d_final = fixed_output_gradients(flash_kda_call, kw)
         return lambda: step(flash_kda_call, kw, names, d_out, d_final)
     suite.profile_into(result, case.name, step_fn)
-    del x
 
 
 def run_train_suite(args, meta: dict, on_case=None) -> dict:
