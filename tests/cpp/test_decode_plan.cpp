@@ -145,11 +145,14 @@ TEST(DecodePlan, DirectSplitsVFirstHeadsSoThatTheGridCoversTheSms) {
   const auto wide4 = make_decode_plan(shape(4, 33, 1, false), h200(), 2, StateLayout::VFirst, DecodeKernel::Direct);
   EXPECT_TRUE(wide4.wide);
   EXPECT_EQ(wide4.warps, 4);
-  // Large batches: one block per item (no persistent loop), 4 blocks of 128 threads a SM.
+  // Large batches: one block per item (no persistent loop); the one-token fp32 form's registers
+  // are built for 6 blocks of 128 threads a SM, the multi-token forms' for 4.
   const auto big = make_decode_plan(shape(256, 32, 1, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct);
   EXPECT_EQ(big.items, 256 * 32 * 4);
   EXPECT_EQ(big.launch.grid_x, uint32_t(256 * 32 * 4));
-  EXPECT_EQ(big.blocks_per_sm, flash_kda::sm90::kDirectMinBlocks);
+  EXPECT_EQ(big.blocks_per_sm, 6);
+  EXPECT_EQ(make_decode_plan(shape(256, 32, 2, false), h200(), 4, StateLayout::VFirst, DecodeKernel::Direct).blocks_per_sm,
+            flash_kda::sm90::kDirectMinBlocks);
   EXPECT_TRUE(big.one_token);
   EXPECT_EQ(big.warp_tile, 8);
   // A bf16 pool takes wide tiles (16 rows a warp) from 8 of them a SM (N * HV * 8 >= 8 * 132:
@@ -342,7 +345,8 @@ TEST(DecodePlan, DirectItemsTileEveryHeadExactly) {
                 EXPECT_EQ(plan.slices * plan.block_cols, 128);
                 EXPECT_EQ(plan.items, n * hv * plan.slices);
                 EXPECT_EQ(plan.launch.block, uint32_t(plan.warps * 32));
-                EXPECT_EQ(plan.blocks_per_sm * plan.warps, 16);
+                EXPECT_EQ(plan.blocks_per_sm * plan.warps,
+                          4 * flash_kda::sm90::direct_min_blocks(plan.one_token, bytes, StateLayout::KFirst, true));
                 EXPECT_GE(plan.launch.grid_x, 1u);
                 continue;
               }

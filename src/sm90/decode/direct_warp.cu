@@ -158,7 +158,7 @@ struct Token {
 ///   in flight as the fp32 form does (ptxas spills 140-200 bytes a lane there, fewer than
 ///   without the next token's loads ahead).
 template <StateLayout L, typename PoolT, GateMode Gate, bool kOneToken, int kTile>
-__global__ void __launch_bounds__(128, kDirectMinBlocks)
+__global__ void __launch_bounds__(128, direct_min_blocks(kOneToken, int(sizeof(PoolT)), L, false))
     direct_warp_kernel(const DecodeParams p) {
   constexpr bool kWide = sizeof(PoolT) == 2 && kTile == 2 * kDirectWarpTile;
   constexpr bool kPacked = kWide && kOneToken, kSplit = kWide && !kOneToken;

@@ -111,7 +111,7 @@ __device__ __forceinline__ float rows_key_sum(float x) {
 }
 
 template <typename PoolT, GateMode Gate, bool kOneToken, int KW>
-__global__ void __launch_bounds__(KW * 32, kDirectMinBlocks * 4 / KW)
+__global__ void __launch_bounds__(KW * 32, direct_min_blocks(kOneToken, int(sizeof(PoolT)), StateLayout::KFirst, true) * 4 / KW)
     kfirst_rows_kernel(const DecodeParams p) {
   using F = RowsTile<PoolT, KW>;
   constexpr int E = F::E, C = F::C, NR = F::NR, NU = F::NU;

@@ -19,17 +19,20 @@ int blocks_per_sm(int threads, int smem, int by_regs) {
   return std::max(1, std::min({by_regs, by_smem, 2048 / threads, 32}));
 }
 
-// Resident blocks of the direct kernel's forms: its registers are built for 4 blocks of 128
-// threads a SM (kDirectMinBlocks), its shared memory as given.
-int direct_blocks_per_sm(int threads, int smem) { return blocks_per_sm(threads, smem, kDirectMinBlocks * 128 / threads); }
+// Resident blocks of a direct kernel form whose registers are built for `min_blocks` blocks of
+// 128 threads a SM (direct_min_blocks, plan.h), its shared memory as given.
+int direct_blocks_per_sm(int threads, int smem, int min_blocks) {
+  return blocks_per_sm(threads, smem, min_blocks * 128 / threads);
+}
 
 // The launch of a direct plan whose warps and items are set, either form: one block per item
 // (at most 2^31 - 1, the kernels loop past that), `smem` bytes of shared memory (<= 21 KB, under
 // the 48 KB past which an attribute is set), the programmatic dependent of the kernel before it
 // (plan.h).
-void direct_launch(DecodePlan& plan, int smem) {
+void direct_launch(DecodePlan& plan, int smem, int state_bytes, StateLayout layout) {
   const int threads = plan.warps * 32;
-  plan.blocks_per_sm = direct_blocks_per_sm(threads, smem);
+  plan.blocks_per_sm =
+      direct_blocks_per_sm(threads, smem, direct_min_blocks(plan.one_token, state_bytes, layout, plan.kfirst_rows));
   plan.launch.grid_x = uint32_t(std::clamp<int64_t>(plan.items, 1, 0x7fffffff));
   plan.launch.block = uint32_t(threads);
   plan.launch.smem_bytes = smem;
@@ -51,11 +54,12 @@ DecodePlan kfirst_rows_plan(const ProblemShape& p, int state_bytes) {
   plan.slices = kDecodeHeadDim / plan.block_cols;
   plan.token_group = token_group(p);
   plan.items = p.num_seqs * p.value_heads * plan.slices;
-  direct_launch(plan, kfirst_rows_smem_bytes(plan.warps, plan.block_cols, state_bytes == 2 && !plan.one_token));
+  direct_launch(plan, kfirst_rows_smem_bytes(plan.warps, plan.block_cols, state_bytes == 2 && !plan.one_token),
+                state_bytes, StateLayout::KFirst);
   return plan;
 }
 
-DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
+DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes, StateLayout layout) {
   DecodePlan plan;
   plan.kernel = DecodeKernel::Direct;
   const int64_t heads = p.num_seqs * p.value_heads;
@@ -69,7 +73,7 @@ DecodePlan direct_plan(const ProblemShape& p, int64_t sms, int state_bytes) {
   plan.slices = kDecodeHeadDim / plan.block_cols;
   plan.token_group = token_group(p);
   plan.items = heads * plan.slices;
-  direct_launch(plan, direct_smem_bytes(plan.warps, plan.warp_tile, state_bytes, plan.one_token));
+  direct_launch(plan, direct_smem_bytes(plan.warps, plan.warp_tile, state_bytes, plan.one_token), state_bytes, layout);
   return plan;
 }
 
@@ -86,7 +90,7 @@ DecodePlan make_decode_plan(const ProblemShape& p, const DeviceProps& device, in
                       (kernel != DecodeKernel::DirectColumns &&
                        kfirst_rows_serves(state_bytes, one_token_of(p), p.num_seqs * p.value_heads, sms));
     if (layout == StateLayout::KFirst && rows) return kfirst_rows_plan(p, state_bytes);
-    return direct_plan(p, sms, state_bytes);
+    return direct_plan(p, sms, state_bytes, layout);
   }
   DecodePlan plan;
   plan.kernel = DecodeKernel::Persistent;

@@ -118,9 +118,21 @@ constexpr int direct_smem_bytes(int warps, int warp_tile, int state_bytes, bool 
   return state_bytes == 2 && !one_token && warp_tile == 2 * kDirectWarpTile ? warps * 4096 : 0;
 }
 /// Direct kernel: 128-thread blocks per SM its registers are built for (__launch_bounds__(128,
-/// 4): <= 128 registers a lane; ptxas spills a few words in the multi-token forms, none in the
-/// one-token ones).
+/// 4): <= 128 registers a lane; ptxas spills a few words in the multi-token forms), but for the
+/// one-token forms that direct_min_blocks gives more.
 inline constexpr int kDirectMinBlocks = 4;
+/// Direct kernel: the 128-thread blocks per SM a form's registers are built for. The one-token
+/// forms' item is one latency chain (index, state loads, ~600 instructions, stores), so more
+/// warps a SM keep more states in flight: 6 (<= 80 registers a lane, no spill) for the fp32
+/// v-first warp columns and the fp32 k-first row blocks, 5 (<= 96, 8-28 bytes spilt) for the
+/// bf16 k-first row blocks. The other one-token forms (bf16 warp columns, whose packed state
+/// needs the registers; fp32 k-first warp columns, which spill at 80) and every multi-token
+/// form keep kDirectMinBlocks, as the comment above says of their registers.
+constexpr int direct_min_blocks(bool one_token, int state_bytes, StateLayout layout, bool kfirst_rows) {
+  if (!one_token) return kDirectMinBlocks;
+  if (kfirst_rows) return state_bytes == 4 ? 6 : 5;
+  return state_bytes == 4 && layout == StateLayout::VFirst ? 6 : kDirectMinBlocks;
+}
 
 /// Direct kernel, k-first row blocks: value columns of a block, one 16-byte vector of each of 8
 /// lanes along a key row (one 128-byte line): 32 for fp32 pools, 64 for bf16.
