@@ -230,6 +230,59 @@ TEST(Sm90Plan, BlockWidthAndReservations) {
   EXPECT_EQ(small.window_pass.smem_attr, flash_kda::sm90::RecurrenceSmem<4>::kBytes);
 }
 
+// The staged store's geometry (inter_store.cuh): the consumer lanes write element (v, k) of the
+// block's columns where InterStaging's layout puts it (v-first: row v - v_block, byte k * esize;
+// k-first: row k, byte (v - v_block) * esize), and row r's bulk copy moves row_bytes from
+// r * pitch to row_destination. Over every block of a head, each byte of the head's state must be
+// written once, from the staging byte that holds that element, and no copy may read past its row
+// or the buffer.
+template <int NW>
+void expect_staged_copies_cover_the_state_once() {
+  using St = flash_kda::sm90::InterStaging<NW>;
+  constexpr int kD = flash_kda::sm90::kHeadDim;
+  for (const bool k_first : {false, true}) {
+    for (const int esize : {2, 4}) {
+      SCOPED_TRACE(testing::Message() << "NW " << NW << (k_first ? " k-first" : " v-first") << " esize " << esize);
+      const int pitch = St::pitch(k_first, esize), bytes = St::row_bytes(k_first, esize);
+      ASSERT_GE(pitch, bytes);
+      ASSERT_EQ(bytes % 16, 0);
+      ASSERT_LE(St::rows(k_first) * pitch, St::kBytes);
+      // writer[b]: the staging byte (block * kBytes + offset) whose copy lands on byte b.
+      std::vector<int64_t> writer(int64_t(kD) * kD * esize, -1);
+      int twice = 0, outside = 0;
+      for (int v_block = 0; v_block < kD; v_block += NW * 16) {
+        for (int r = 0; r < St::rows(k_first); ++r) {
+          const int64_t dst = St::row_destination(k_first, r, v_block) * esize;
+          for (int b = 0; b < bytes; ++b) {
+            if (dst + b < 0 || dst + b >= int64_t(writer.size())) { ++outside; continue; }
+            if (writer[dst + b] >= 0) ++twice;
+            writer[dst + b] = int64_t(v_block) * St::kBytes + int64_t(r) * pitch + b;
+          }
+        }
+      }
+      EXPECT_EQ(outside, 0);
+      EXPECT_EQ(twice, 0);
+      int wrong = 0;
+      for (int v = 0; v < kD; ++v) {
+        for (int k = 0; k < kD; ++k) {
+          const int v_block = v / (NW * 16) * (NW * 16);
+          const int64_t staged = k_first ? int64_t(k) * pitch + (v - v_block) * esize
+                                         : int64_t(v - v_block) * pitch + int64_t(k) * esize;
+          const int64_t dst = (k_first ? int64_t(k) * kD + v : int64_t(v) * kD + k) * esize;
+          for (int b = 0; b < esize; ++b)
+            if (writer[dst + b] != int64_t(v_block) * St::kBytes + staged + b) ++wrong;
+        }
+      }
+      EXPECT_EQ(wrong, 0);
+    }
+  }
+}
+
+TEST(Sm90Plan, StagedStateCopiesWriteEachElementOnceFromItsStagedPlace) {
+  expect_staged_copies_cover_the_state_once<4>();
+  expect_staged_copies_cover_the_state_once<8>();
+}
+
 TEST(Sm90Plan, IntermediateStatesGrowOnlyTheStatePassesSharedMemory) {
   using flash_kda::sm90::InterStaging;
   using flash_kda::sm90::RecurrenceSmem;

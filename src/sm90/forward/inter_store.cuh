@@ -76,10 +76,10 @@ __device__ __forceinline__ void store_state_staged(char* staging, void* states, 
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   consumer_barrier<NW>();
   if (tid < St::rows(k_first)) {
-    const int64_t elem = base + (k_first ? int64_t(tid) * kHeadDim + v_block : int64_t(v_block + tid) * kHeadDim);
+    const int64_t elem = base + St::row_destination(k_first, tid, v_block);
     cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared,
                              static_cast<char*>(states) + elem * esize, staging + tid * pitch,
-                             static_cast<uint32_t>(pitch - 16));
+                             static_cast<uint32_t>(St::row_bytes(k_first, esize)));
     cuda::ptx::cp_async_bulk_commit_group();
   }
 }

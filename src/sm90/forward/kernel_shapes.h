@@ -3,6 +3,8 @@
 // kernels are compiled against the same numbers.
 #pragma once
 
+#include <cstdint>
+
 #include "sm90/common/record.h"
 
 namespace flash_kda::sm90 {
@@ -48,9 +50,17 @@ struct RecurrenceSmem {
 template <int NW>
 struct InterStaging {
   static constexpr int kOffset = (RecurrenceSmem<NW>::kBytes + 127) / 128 * 128;
-  /// Padded row pitch in bytes, for the layout and the element size (4: fp32, 2: bf16).
-  static constexpr int pitch(bool k_first, int esize) { return (k_first ? NW * 16 : kHeadDim) * esize + 16; }
+  /// Bytes of one destination row over the block's columns, for the layout and the element
+  /// size (4: fp32, 2: bf16): what each row's bulk copy moves.
+  static constexpr int row_bytes(bool k_first, int esize) { return (k_first ? NW * 16 : kHeadDim) * esize; }
+  /// Padded row pitch in bytes.
+  static constexpr int pitch(bool k_first, int esize) { return row_bytes(k_first, esize) + 16; }
   static constexpr int rows(bool k_first) { return k_first ? kHeadDim : NW * 16; }
+  /// Where row r goes: the element offset of its first element in the head's state ([V][K]
+  /// v-first, [K][V] k-first), for the block whose first value column is v_block.
+  static constexpr int64_t row_destination(bool k_first, int r, int v_block) {
+    return k_first ? int64_t(r) * kHeadDim + v_block : int64_t(v_block + r) * kHeadDim;
+  }
   static constexpr int kBytes = rows(true) * pitch(true, 4) > rows(false) * pitch(false, 4)
                                     ? rows(true) * pitch(true, 4)
                                     : rows(false) * pitch(false, 4);
