@@ -99,6 +99,29 @@ TEST(Sm90Plan, TheBackwardsRecomputeTakesSegmentsFromFour) {
   }
 }
 
+TEST(Sm90Plan, TheBackwardsChainTakesSegmentsWhereItsBlocksLeaveSMsIdle) {
+  using flash_kda::sm90::bwd::backward_layout;
+  using flash_kda::sm90::bwd::chain_segments;
+  // blocks = pairs x 4 slices; S = min(264 / blocks, chunks / 32, 16) when >= 8.
+  EXPECT_EQ(chain_segments(shape(1, 65536, 4)).seg_len, 256);   // 16 segments of 256 chunks
+  EXPECT_EQ(chain_segments(shape(1, 65536, 4)).max_segs, 16);
+  EXPECT_EQ(chain_segments(shape(1, 32768, 8)).max_segs, 8);    // 264 / 32 blocks
+  EXPECT_EQ(chain_segments(shape(1, 8192, 1, 1)).max_segs, 16); // varlen, one sequence
+  EXPECT_EQ(chain_segments(shape(1, 300 * 16, 1)).seg_len, 34);  // 300 chunks / 9: eight of 34, one of 28
+  EXPECT_EQ(chain_segments(shape(1, 300 * 16, 1)).max_segs, 9);
+  EXPECT_EQ(chain_segments(shape(1, 4095, 2)).max_segs, 8);     // 256 chunks / 32
+  for (const ProblemShape& p : {shape(1, 8192, 16), shape(1, 8192, 32), shape(1, 8192, 96), shape(1, 1024, 4),
+                                shape(1, 4080, 2), shape(16, 2048, 32), shape(1, 65536, 4, 2), shape(2, 0, 2)}) {
+    EXPECT_EQ(chain_segments(p).seg_len, 0) << name(p);
+    EXPECT_EQ(backward_layout(p, 0).chain_maps, 0u) << name(p);  // no buffers without segments
+  }
+  // With segments, the maps and the segments' ends get their buffers.
+  const ProblemShape h4 = shape(1, 65536, 4);
+  const auto l = backward_layout(h4, 0);
+  EXPECT_GE(l.chain_ends - l.chain_maps, size_t(15) * 4 * 2 * kStateBytes);
+  EXPECT_GE(l.total - l.chain_ends, size_t(16) * 4 * kStateBytes);
+}
+
 TEST(Sm90Plan, VarlenSegmentsBoundTheLongestSequence) {
   // 2 sequences (30000 + 2000 tokens) x 4 heads: T_total bounds every sequence's chunks.
   const Plan plan = plan_for(shape(1, 32000, 4, 2));

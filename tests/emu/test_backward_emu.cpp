@@ -68,8 +68,9 @@ struct GradError {
 };
 
 /// Runs the backward kernels of case tc on the CPU model and returns the error of every
-/// gradient the case has; prints them with the model's time.
-std::vector<GradError> run_case(const BackwardCase& tc) {
+/// gradient the case has; prints them with the model's time. `chain` forces the chain's
+/// segments (seg_len 0: the layout's own choice, chain_segments).
+std::vector<GradError> run_case(const BackwardCase& tc, flash_kda::sm90::bwd::ChainSegments chain = {}) {
   const auto t_start = std::chrono::steady_clock::now();
   KdaConfig cfg = tc.config;
   cfg.head_dim_k = cfg.head_dim_v = 128;
@@ -88,7 +89,9 @@ std::vector<GradError> run_case(const BackwardCase& tc) {
   BackwardArgs a = r;
   got.point(a);
   const flash_kda::ProblemShape ps = flash_kda::detail::check_backward(a, flash_kda::Target::CpuReference);
-  const flash_kda::sm90::bwd::BackwardLayout l = flash_kda::sm90::bwd::backward_layout(ps, 0);
+  const flash_kda::sm90::bwd::BackwardLayout l = chain.seg_len > 0
+                                                    ? flash_kda::sm90::bwd::backward_layout(ps, 0, chain)
+                                                    : flash_kda::sm90::bwd::backward_layout(ps, 0);
   Workspace ws(l.total);
   const flash_kda::sm90::bwd::BackwardParams bp = flash_kda::sm90::bwd::backward_params(a, ps, ws.mem.get(), l);
 
@@ -174,6 +177,40 @@ TEST(BackwardEmuSums, ScalarGradientsStayAccurateUnderCancellation) {
       EXPECT_LE(e.err, 2e-4) << e.name << ", seed " << seed;
     }
     EXPECT_EQ(checked, 2) << "the safe gate with A_log and dt_bias has both gradients";
+  }
+}
+
+// The chain cut into segments (layout.h chain_segments; the layout chooses them only for long
+// sequences with few heads, too large for the model): the transition and input maps of
+// segments 1 .. S - 1, the scan (emu_scan.cpp) and each segment from its end, against the same
+// reference. 13 chunks in segments of 3 (the last one a single chunk) and of 5, two sequences
+// and GVA, k-first bf16 states (the scan's transposing load of d_final_state).
+TEST(BackwardEmuChainSegments, MatchReference) {
+  struct Cut {
+    BackwardCase tc;
+    int64_t seg_len;
+  };
+  std::vector<Cut> cuts;
+  cuts.push_back({{"segments_of_3_t200", fixed(1, 200)}, 3});
+  KdaConfig c = fixed(2, 200);
+  c.value_heads = 2;
+  cuts.push_back({{"segments_of_5_b2_gva", c}, 5});
+  c = fixed(1, 200);
+  c.state_dtype = DType::BF16;
+  c.state_layout = StateLayout::KFirst;
+  cuts.push_back({{"segments_of_4_kfirst_bf16", c, DType::F32}, 4});
+  c = fixed(1, 200);
+  c.with_initial_state = false;
+  cuts.push_back({{"segments_of_3_no_state", c}, 3});
+  for (const Cut& cut : cuts) {
+    const int64_t chunks = (cut.tc.config.seqlen + 15) / 16;
+    const flash_kda::sm90::bwd::ChainSegments chain{cut.seg_len, (chunks + cut.seg_len - 1) / cut.seg_len};
+    const std::vector<GradError> errors = run_case(cut.tc, chain);
+    EXPECT_GE(errors.size(), 6u) << cut.tc.name;
+    for (const GradError& e : errors) {
+      EXPECT_EQ(e.not_finite, 0u) << cut.tc.name << ": " << e.name << " not finite";
+      EXPECT_LE(e.err, kBound) << cut.tc.name << ": " << e.name;
+    }
   }
 }
 

@@ -8,6 +8,8 @@ deterministic). Skips without the GPU, and the reference comparison without
 flash_kda.autograd_reference."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from chunk_cases import CASES, make_call
@@ -71,6 +73,18 @@ def test_gradients_match_the_fp64_reference(cuda_sm90, case):
         err = float(torch.linalg.vector_norm((g.double().cpu() - ref[name]).flatten())
                     / torch.linalg.vector_norm(ref[name].flatten()))
         assert err <= GRAD_BOUND, f"{case.name}: d{name} error {err:.3e}"
+
+
+#: Few heads and long sequences: the backward's reverse chain runs in segments (its transition
+#: and input maps, the segment scan, each segment from its end; src/sm90/backward/layout.h
+#: chain_segments: 8 segments of 32 chunks here), which shorter cases never take.
+CHAIN_SEGMENTS = [dataclasses.replace(c, name=c.name + "_T4096_H2_chain_segments", seqlen=4096, batch=1, heads=2)
+                  for c in CASES if c.name in ("safe", "k_first", "mixed_states_bf16_initial")]
+
+
+@pytest.mark.parametrize("case", CHAIN_SEGMENTS, ids=[c.name for c in CHAIN_SEGMENTS])
+def test_segmented_chain_gradients_match_the_fp64_reference(cuda_sm90, case):
+    test_gradients_match_the_fp64_reference(cuda_sm90, case)
 
 
 def test_compiled_training_equals_eager_and_is_deterministic(cuda_sm90):

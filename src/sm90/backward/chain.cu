@@ -7,7 +7,9 @@
 //
 // and it stores dS before the step (the chunk-gradient kernel's input, k-first fp32). dS
 // starts at d_final_state (zero without it); what is left after the first chunk is
-// d_initial_state. An empty sequence passes d_final_state through.
+// d_initial_state. An empty sequence passes d_final_state through. Where few (sequence, value
+// head) pairs would leave most SMs idle over a long walk, the walk runs in segments (ChainPass
+// below; layout.h chain_segments says when).
 //
 // The products run on tensor cores (chain_products.cuh), each in 3xTF32, because dS sums
 // hundreds of steps and must keep fp32's accuracy (plain tf32 would add an error of ~5e-4 of
@@ -43,6 +45,9 @@
 #include "sm90/common/bf16.cuh"
 #include "sm90/common/launch_config.h"
 #include "sm90/common/ptx.cuh"
+#include "sm90/forward/kernel_shapes.h"
+#include "sm90/forward/kernels.h"
+#include "sm90/forward/params.h"
 
 namespace flash_kda::sm90::bwd {
 namespace {
@@ -165,7 +170,24 @@ __device__ __forceinline__ void for_each_frag(F&& f) {
       for (int r = 0; r < 4; ++r) f(mt, nt, r);
 }
 
+// What a chain block computes (one template instantiation each). Whole: dS over the whole
+// sequence from d_final_state, storing dS before every step, then d_initial_state. With
+// segments (layout.h chain_segments), Finish does the same over one segment, from the scan's
+// dS at the segment's end (chain_ends), and only segment 0 writes d_initial_state. Without d
+// out, each step is the
+// linear map dS <- A_c dS, A_c = diag(eg) - kd^T diag(b) Tinv^T kr, and d out adds
+// B_c(dO_c) to it; a segment's dS at its start is then T_s dS_end + I_s with the transition map
+// T_s = A_lo .. A_hi-1 and the input map I_s (dS_end = 0). TransitionMap walks the segment from
+// the identity (the slice's 32 columns of it) without d out, InputMap from zero with it; both
+// store no dS and leave their end, transposed, in chain_maps, where the forward's segment scan
+// reads X_{j+1} = X_j P_j + Q_j with X = dS^T, P = T^T, Q = I^T.
+enum class ChainPass { Whole, Finish, TransitionMap, InputMap };
+
+template <ChainPass kPass>
 __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
+  constexpr bool kSegment = kPass != ChainPass::Whole;
+  constexpr bool kMap = kPass == ChainPass::TransitionMap || kPass == ChainPass::InputMap;
+  constexpr bool kDo = kPass != ChainPass::TransitionMap;  // d out enters the steps
   Smem& s = *reinterpret_cast<Smem*>(dynamic_smem());
   const int64_t n = blockIdx.x;
   const int hv = blockIdx.y / kSlices;
@@ -178,16 +200,41 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
 
   // ds[mt][nt].x[r] is dS at channel c = c0 + 8 nt + frag_c_col(lane, r), slice column
   // v = 16 mt + frag_c_row(lane, r): element state_at(mt, nt, r) of a state in the call's layout.
-  const auto state_at = [&](int mt, int nt, int r) {
-    return slice + state_elem(p.state_k_first, c0 + 8 * nt + frag_c_col(lane, r), col0 + 16 * mt + frag_c_row(lane, r));
-  };
+  const auto chan = [&](int nt, int r) { return c0 + 8 * nt + frag_c_col(lane, r); };
+  const auto col = [&](int mt, int r) { return col0 + 16 * mt + frag_c_row(lane, r); };
+  const auto state_at = [&](int mt, int nt, int r) { return slice + state_elem(p.state_k_first, chan(nt, r), col(mt, r)); };
+  // Element (channel, column) of a transposed [V][K] state of the scan's buffers.
+  const auto scan_at = [&](int mt, int nt, int r) { return state_elem(false, chan(nt, r), col(mt, r)); };
+  // The start state, before the sequence's span is read where the pass does not need it for
+  // the start (Whole: ptxas then keeps the step loop as it compiles without segments).
   FragC ds[2][2];
-  for_each_frag([&](int mt, int nt, int r) {
-    ds[mt][nt].x[r] = p.d_final_state ? load_f(p.d_final_state, state_at(mt, nt, r), p.d_final_is_f32) : 0.f;
-  });
+  const auto load_start = [&](int64_t scan_index) {
+    for_each_frag([&](int mt, int nt, int r) {
+      float x = 0.f;
+      if constexpr (kPass == ChainPass::TransitionMap) {
+        x = chan(nt, r) == col(mt, r) ? 1.f : 0.f;
+      } else if constexpr (kPass == ChainPass::Finish) {
+        x = p.chain_ends[seg_state_offset(n, scan_index, hv, p.chain_max_segs, p.value_heads) + scan_at(mt, nt, r)];
+      } else if constexpr (kPass == ChainPass::Whole) {
+        if (p.d_final_state) x = load_f(p.d_final_state, state_at(mt, nt, r), p.d_final_is_f32);
+      }
+      ds[mt][nt].x[r] = x;
+    });
+  };
+  if constexpr (!kSegment) load_start(0);
 
   const SeqIndex::Span sp = p.seqs.span(n);
   const int64_t chunks = (sp.length + kC - 1) / kC;
+  // The chunk range [lo, hi) and, with segments, the segment's index on the scan's axis (the
+  // scan walks the segments from the sequence's end: index S - 1 - s for segment s).
+  const int64_t segs = kSegment ? (chunks + p.chain_seg_len - 1) / p.chain_seg_len : 1;
+  const int64_t seg = kMap ? int64_t(blockIdx.z) + 1 : int64_t(blockIdx.z);  // maps: segments 1 .. S - 1
+  if (kSegment && seg >= segs) return;
+  const int64_t lo = kSegment ? seg * p.chain_seg_len : 0;
+  const int64_t hi = kSegment && lo + p.chain_seg_len < chunks ? lo + p.chain_seg_len : chunks;
+  const int64_t scan_index = segs - 1 - seg;
+  if constexpr (kSegment) load_start(scan_index);
+
   auto rows_of = [&](int64_t j) { return int(sp.length - j * kC < kC ? sp.length - j * kC : kC); };
   // Chunk j's record (from kd on), d out pair and dS rows in the workspace, each a fixed stride
   // per chunk from chunk 0's.
@@ -196,35 +243,39 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   float* const out0 = p.dstates + (sp.first_slot * p.value_heads + hv) * KV + col0;
   const int64_t out_stride = p.value_heads * KV;
   const DoSource do_src = do_source(p, sp, hv, col0);
-  // Chunk j's record is in s.rec[stage], stage = (chunks - 1 - j) mod kStages; chunk j - 2's
+  // Chunk j's record is in s.rec[stage], stage = (hi - 1 - j) mod kStages; chunk j - 2's
   // goes to stage + 2 (mod 3), the buffer chunk j + 1 has left.
   int stage = 0;
   // Two chunks ahead: one cp.async group per chunk (an empty one past the first chunk, so that
   // every step waits for the same count), d out rows through `pend` (the next chunk's).
   DoPair pend;
-  if (chunks > 0) {
-    fetch_record(rec_src + (chunks - 1) * rec_stride, s.rec[0]);
+  if (hi > lo) {
+    fetch_record(rec_src + (hi - 1) * rec_stride, s.rec[0]);
     ptx::cp_async_commit();
-    if (chunks > 1) fetch_record(rec_src + (chunks - 2) * rec_stride, s.rec[1]);
+    if (hi - 1 > lo) fetch_record(rec_src + (hi - 2) * rec_stride, s.rec[1]);
     ptx::cp_async_commit();
-    store_do(s.dO[(chunks - 1) & 1], load_do(p, do_src, chunks - 1, rows_of(chunks - 1)), p.d_out_is_f32);
-    if (chunks > 1) pend = load_do(p, do_src, chunks - 2, rows_of(chunks - 2));
+    if constexpr (kDo) {
+      store_do(s.dO[(hi - 1) & 1], load_do(p, do_src, hi - 1, rows_of(hi - 1)), p.d_out_is_f32);
+      if (hi - 1 > lo) pend = load_do(p, do_src, hi - 2, rows_of(hi - 2));
+    }
   }
-  for (int64_t j = chunks - 1; j >= 0; --j) {
+  for (int64_t j = hi - 1; j >= lo; --j) {
     // dS of this chunk's end to the workspace, for chunk_grad: per store, four channel rows of
     // 32 contiguous bytes.
-    float* out = out0 + j * out_stride;
-    for_each_frag([&](int mt, int nt, int r) {
-      out[(c0 + 8 * nt + frag_c_col(lane, r)) * kHeadDim + 16 * mt + frag_c_row(lane, r)] = ds[mt][nt].x[r];
-    });
+    if constexpr (!kMap) {
+      float* out = out0 + j * out_stride;
+      for_each_frag([&](int mt, int nt, int r) {
+        out[(c0 + 8 * nt + frag_c_col(lane, r)) * kHeadDim + 16 * mt + frag_c_row(lane, r)] = ds[mt][nt].x[r];
+      });
+    }
     ptx::cp_async_wait<1>();  // this chunk's group; the next one's may still be in flight
     __syncthreads();          // record j and d out rows j visible to all; the last step's reads done
 
     // Chunk j - 2's record and d out rows start loading.
     DoPair fresh;
-    if (j >= 2) {
+    if (j - 2 >= lo) {
       fetch_record(rec_src + (j - 2) * rec_stride, s.rec[stage == 0 ? kStages - 1 : stage - 1]);
-      fresh = load_do(p, do_src, j - 2, rows_of(j - 2));
+      if constexpr (kDo) fresh = load_do(p, do_src, j - 2, rows_of(j - 2));
     }
     ptx::cp_async_commit();
     const float* rec = s.rec[stage];
@@ -236,7 +287,10 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
       FragB bkr[2][2];
       chain_load_b_kr(w, bkr, rec + kKr, c0);
       FragC part[2][2];
-      chain_dU_partial(w, part, ds, bkr, warp, dOhi, dOlo, rec + kM);
+      if constexpr (kDo)
+        chain_dU_partial(w, part, ds, bkr, warp, dOhi, dOlo, rec + kM);
+      else
+        chain_state_kr(w, part, ds, bkr);
       for_each_frag([&](int mt, int nt, int r) {
         s.part[warp][part_off(8 * nt + frag_c_col(lane, r), 16 * mt + frag_c_row(lane, r))] = part[mt][nt].x[r];
       });
@@ -251,15 +305,15 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
         ds[1][nt].x[r] *= e;
       }
     FragB bkd[2][2];
-    {
+    if constexpr (kDo) {
       FragA ahi[2][2], alo[2][2];
       FragB bqd[2][2];
       chain_load_a_vec_T(w, ahi, dOhi);
       chain_load_a_vec_T(w, alo, dOlo);
       chain_load_b_rows(w, bqd, rec + kQd, c0);
       chain_mma_a(w, ds, ahi, alo, bqd);
-      chain_load_b_rows(w, bkd, rec + kKd, c0);
     }
+    chain_load_b_rows(w, bkd, rec + kKd, c0);
     __syncthreads();
 
     // 2. dU rows q and q + 8 of slice column v (the eight partials in a fixed order), the
@@ -267,14 +321,14 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
     // (Tinv is zero above the diagonal) and -b_i dR_i.
     {
       const int q = lane & 7, v = 4 * warp + lane / 8;
-      float lo[kWarps], hi[kWarps];
+      float lo_p[kWarps], hi_p[kWarps];
 #pragma unroll
       for (int u = 0; u < kWarps; ++u) {
-        lo[u] = s.part[u][part_off(q, v)];
-        hi[u] = s.part[u][part_off(q + 8, v)];
+        lo_p[u] = s.part[u][part_off(q, v)];
+        hi_p[u] = s.part[u][part_off(q + 8, v)];
       }
-      const float ulo = ((lo[0] + lo[1]) + (lo[2] + lo[3])) + ((lo[4] + lo[5]) + (lo[6] + lo[7]));
-      const float uhi = ((hi[0] + hi[1]) + (hi[2] + hi[3])) + ((hi[4] + hi[5]) + (hi[6] + hi[7]));
+      const float ulo = ((lo_p[0] + lo_p[1]) + (lo_p[2] + lo_p[3])) + ((lo_p[4] + lo_p[5]) + (lo_p[6] + lo_p[7]));
+      const float uhi = ((hi_p[0] + hi_p[1]) + (hi_p[2] + hi_p[3])) + ((hi_p[4] + hi_p[5]) + (hi_p[6] + hi_p[7]));
       float rlo[2] = {0.f, 0.f}, rhi[2] = {0.f, 0.f};
 #pragma unroll
       for (int m = 0; m < 8; ++m) {
@@ -297,27 +351,63 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
       chain_load_a_vec_T(w, alo, s.nbdR[1]);
       chain_mma_a(w, ds, ahi, alo, bkd);
     }
-    if (j >= 1) store_do(s.dO[(j - 1) & 1], pend, p.d_out_is_f32);  // read from the next step on
+    if constexpr (kDo)
+      if (j - 1 >= lo) store_do(s.dO[(j - 1) & 1], pend, p.d_out_is_f32);  // read from the next step on
     pend = fresh;
     stage = stage == kStages - 1 ? 0 : stage + 1;
   }
   ptx::cp_async_wait<0>();  // no copy outlives the block (the trailing groups are empty)
 
-  if (p.d_initial_state)
-    for_each_frag([&](int mt, int nt, int r) {
-      store_f(p.d_initial_state, state_at(mt, nt, r), ds[mt][nt].x[r], p.d_initial_is_f32);
-    });
+  if constexpr (kMap) {
+    float* map = p.chain_maps + seg_map_offset(n, scan_index, hv, kPass == ChainPass::TransitionMap ? 0 : 1,
+                                               p.chain_max_segs, p.value_heads);
+    for_each_frag([&](int mt, int nt, int r) { map[scan_at(mt, nt, r)] = ds[mt][nt].x[r]; });
+  } else {
+    if (lo == 0 && p.d_initial_state)
+      for_each_frag([&](int mt, int nt, int r) {
+        store_f(p.d_initial_state, state_at(mt, nt, r), ds[mt][nt].x[r], p.d_initial_is_f32);
+      });
+  }
+}
+
+template <ChainPass kPass>
+cudaError_t launch_pass(const BackwardParams& p, unsigned segments, uint64_t context_key, cudaStream_t stream) {
+  KernelLaunch k;
+  k.grid_x = unsigned(p.seqs.num_seqs);
+  k.grid_y = unsigned(p.value_heads * kSlices);
+  k.grid_z = segments;
+  k.block = kThreads;
+  k.smem_bytes = k.smem_attr = kSmemBytes;
+  return launch_planned<chain_kernel<kPass>>(k, context_key, p, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_chain(const BackwardParams& p, uint64_t context_key, cudaStream_t stream) {
-  KernelLaunch k;
-  k.grid_x = unsigned(p.seqs.num_seqs);
-  k.grid_y = unsigned(p.value_heads * kSlices);
-  k.block = kThreads;
-  k.smem_bytes = k.smem_attr = kSmemBytes;
-  return launch_planned<chain_kernel>(k, context_key, p, stream);
+  if (p.chain_seg_len == 0) return launch_pass<ChainPass::Whole>(p, 1, context_key, stream);
+  const unsigned S = unsigned(p.chain_max_segs);
+  cudaError_t e = launch_pass<ChainPass::TransitionMap>(p, S - 1, context_key, stream);
+  if (e == cudaSuccess) e = launch_pass<ChainPass::InputMap>(p, S - 1, context_key, stream);
+  if (e != cudaSuccess) return e;
+  ScanParams sp{};
+  sp.seqs = p.seqs;
+  sp.value_heads = p.value_heads;
+  sp.seg_len = p.chain_seg_len;
+  sp.max_segs = p.chain_max_segs;
+  sp.seg_maps = p.chain_maps;
+  sp.seg_states = p.chain_ends;
+  sp.initial_state = p.d_final_state;
+  sp.initial_is_f32 = p.d_final_is_f32;
+  sp.state_k_first = p.state_k_first;
+  KernelLaunch scan;
+  scan.grid_x = unsigned(p.seqs.num_seqs);
+  scan.grid_y = unsigned(p.value_heads);
+  scan.grid_z = kHeadDim / kScanRows;
+  scan.block = kScanThreads;
+  scan.smem_bytes = scan.smem_attr = kScanSmemBytes;
+  e = launch_segment_scan(sp, scan, context_key, stream);
+  if (e != cudaSuccess) return e;
+  return launch_pass<ChainPass::Finish>(p, S, context_key, stream);
 }
 
 }  // namespace flash_kda::sm90::bwd

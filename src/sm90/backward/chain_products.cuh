@@ -95,6 +95,20 @@ FKDA_HOST_DEVICE void chain_mma_a(const W& w, typename W::C (&acc)[2][2], const 
 }
 
 /// part[mt][nt] = dS^T[:, c0..c0+15] kr^T[c0..c0+15, :] (value rows x tokens) from the warp's
+/// dS^T tiles ds and kr's fragments bkr (chain_load_b_kr): the warp's dU partial without d out
+/// (the transition map's chain, whose d out is zero).
+template <class W>
+FKDA_HOST_DEVICE void chain_state_kr(const W& w, typename W::C (&part)[2][2], const typename W::C (&ds)[2][2],
+                                     const typename W::B (&bkr)[2][2]) {
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) part[i][j] = typename W::C{};
+  typename W::A a[2][2];
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 2; ++k) a[i][k] = w.a_of_c(ds[i][k]);
+  chain_mma(w, part, a, bkr);
+}
+
+/// part[mt][nt] = dS^T[:, c0..c0+15] kr^T[c0..c0+15, :] (value rows x tokens) from the warp's
 /// dS^T tiles ds and kr's fragments bkr (chain_load_b_kr), plus tile `tile` (0..7: mt, nt, ks
 /// its bits 2, 1, 0) of dO^T M (dO split beforehand into dOhi + dOlo): the eight warps
 /// together add dO^T M once.
@@ -103,12 +117,7 @@ FKDA_HOST_DEVICE void chain_dU_partial(const W& w, typename W::C (&part)[2][2], 
                                        const typename W::B (&bkr)[2][2], int tile, const float* dOhi,
                                        const float* dOlo, const float* M) {
   const int mt = (tile >> 2) & 1, nt = (tile >> 1) & 1, ks = tile & 1;
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 2; ++j) part[i][j] = typename W::C{};
-  typename W::A a[2][2];
-  for (int i = 0; i < 2; ++i)
-    for (int k = 0; k < 2; ++k) a[i][k] = w.a_of_c(ds[i][k]);
-  chain_mma(w, part, a, bkr);
+  chain_state_kr(w, part, ds, bkr);
   const typename W::B bM = w.load_b([&](int k, int n) { return M[(8 * ks + k) * kC + 8 * nt + n]; });
   typename W::C pm{};
   const int f = (mt * 2 + ks) * 128;

@@ -16,7 +16,9 @@ cudaError_t launch_offsets(const BackwardParams& p, cudaStream_t stream);
 cudaError_t launch_prepare(const BackwardParams& p, cudaStream_t stream);
 /// Every chunk's record (records.h): one block per (chunk row, value head) (records.cu).
 cudaError_t launch_records(const BackwardParams& p, cudaStream_t stream);
-/// The reverse state-gradient chain: one block per (sequence, value head) (chain.cu).
+/// The reverse state-gradient chain: one block per (sequence, value head, 32 value columns), or
+/// with segments (layout.h chain_segments) the segments' maps, the forward's segment scan and
+/// one block per (sequence, value head, 32 value columns, segment) (chain.cu).
 cudaError_t launch_chain(const BackwardParams& p, uint64_t context_key, cudaStream_t stream);
 /// Every chunk's input gradients: one block per (chunk row, value head) (chunk_grad.cu).
 cudaError_t launch_chunk_grad(const BackwardParams& p, uint64_t context_key, cudaStream_t stream);

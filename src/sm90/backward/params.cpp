@@ -62,6 +62,10 @@ BackwardParams backward_params(const BackwardArgs& args, const ProblemShape& p, 
   bp.part_dt = f32(l.part_dt);
   bp.part_alog = f32(l.part_alog);
   bp.records = f32(l.records);
+  bp.chain_seg_len = l.chain.seg_len;
+  bp.chain_max_segs = l.chain.max_segs;
+  bp.chain_maps = l.chain.seg_len > 0 ? f32(l.chain_maps) : nullptr;
+  bp.chain_ends = l.chain.seg_len > 0 ? f32(l.chain_ends) : nullptr;
   bp.dq = args.dq.data;
   bp.dk = args.dk.data;
   bp.dv = args.dv.data;

@@ -47,6 +47,10 @@ struct BackwardParams {
   float *dq_hat, *dk_hat, *da, *db;
   float *part_dt, *part_alog;
   float* records;  // [R, HV, kRecordFloats] (records.h), written by the record kernel
+  // The chain's segments (layout.h chain_segments; seg_len 0: none) and their buffers.
+  int64_t chain_seg_len, chain_max_segs;
+  float* chain_maps;  // [N, S - 1, HV, 2, K x K]
+  float* chain_ends;  // [N, S, HV, V x K]
 
   // The input gradients (contiguous; dtypes as their inputs').
   void *dq, *dk, *dv, *dg, *dbeta;  // dq, dk, dv bf16; dg like g; dbeta like beta

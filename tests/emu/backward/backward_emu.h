@@ -12,5 +12,8 @@
 #define launch_chunk_grad emu_launch_chunk_grad
 #define launch_finish emu_launch_finish
 #define enqueue_backward_kernels emu_enqueue_backward_kernels
+// The chain's segments use the forward's segment scan (cp.async, which the model has no CUDA
+// path for): emu_scan.cpp is its math on the host.
+#define launch_segment_scan emu_launch_segment_scan
 
 #include "sm90/backward/kernels.h"
