@@ -175,7 +175,7 @@ if [[ ${GPU_CHECK_PARALLEL:-0} == 1 ]]; then
     # racecheck takes seconds for the forward's cases and minutes for the backward's: three
     # processes share them, so that it ends inside the budget beside the other steps.
     run_bg sanitize-memcheck 430 "$PY" scripts/sanitize.py --tool memcheck --log-dir "$LOG/sanitize" --timeout 420
-    run_bg sanitize-racecheck-forward 450 "$PY" scripts/sanitize.py --tool racecheck --parts forward,decode \
+    run_bg sanitize-racecheck-forward 450 "$PY" scripts/sanitize.py --tool racecheck --parts forward,decode,chain-segments \
       --log-dir "$LOG/sanitize" --timeout 440
     for shard in 0/2 1/2; do
       run_bg "sanitize-racecheck-backward-${shard%/*}" 450 "$PY" scripts/sanitize.py --tool racecheck --parts backward \
@@ -297,7 +297,7 @@ if [[ ${GPU_CHECK_SKIP_SANITIZE:-0} == 1 ]]; then
   skip_step sanitize "GPU_CHECK_SKIP_SANITIZE=1"
 else
   run_step sanitize 200 "$PY" scripts/sanitize.py --tool memcheck --log-dir "$LOG/sanitize" --timeout 190
-  run_step sanitize-racecheck-forward 120 "$PY" scripts/sanitize.py --tool racecheck --parts forward,decode \
+  run_step sanitize-racecheck-forward 120 "$PY" scripts/sanitize.py --tool racecheck --parts forward,decode,chain-segments \
     --log-dir "$LOG/sanitize" --timeout 110
 fi
 

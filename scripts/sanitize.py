@@ -35,8 +35,15 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
 TOOLS = ("memcheck", "racecheck")
 #: The case sets, in the order they run: flash_kda.fwd's and chunk_kda's forward cases, the
-#: decode over a pool, the backward's cases (chunk_kda with grad; the slowest under racecheck).
-PARTS = ("forward", "decode", "backward")
+#: decode over a pool, the backward's cases (chunk_kda with grad; the slowest under racecheck),
+#: and one backward whose reverse chain runs in segments (src/sm90/backward/layout.h
+#: chain_segments takes them only from 256 chunks on).
+PARTS = ("forward", "decode", "backward", "chain-segments")
+#: The chain-segments case runs in a sanitized process of its own that instruments only the
+#: kernels it is there for (the chain's passes and the segment scan): the whole backward of 4096
+#: tokens instrumented takes longer than a sanitizer step may (racecheck: over 7 minutes), and
+#: its other kernels are the backward part's, checked there.
+SEGMENT_KERNELS = "regex:chain_kernel|segment_scan_kernel"
 DONE_MARK = "sanitize: all cases ran"
 
 
@@ -175,40 +182,57 @@ def run_backward_cases(torch, shard: tuple[int, int] = (0, 1)) -> int:
     Returns the number of wrong results."""
     import dataclasses
 
-    import flash_kda
-    from chunk_cases import CASES, make_call, rel_err
+    from chunk_cases import CASES
 
     dev = torch.device("cuda")
     wrong = 0
-    # Short, but for one case of 4096 tokens and one head, whose reverse chain runs in eight
-    # segments (src/sm90/backward/layout.h chain_segments): its map, scan and finish launches.
-    cases = [dataclasses.replace(c, seqlen=min(c.seqlen, 40)) for c in CASES]
-    cases.append(dataclasses.replace(CASES[0], name="san_chain_segments_T4096_H1", seqlen=4096, batch=1, heads=1))
-    for case in shard_cases(cases, shard):
-        args, kw, real = make_call(case, dev)
-        if kw.get("cu_seqlens") is not None and real != args[0].shape[1]:
-            continue  # use_graph padding rows: the training path takes exact batches
-        extra = [n for n in ("A_log", "dt_bias", "initial_state") if kw.get(n) is not None
-                 and (n == "initial_state" or kw.get("use_gate_in_kernel"))]
-        grads = []
-        for fn, dt in ((flash_kda.chunk_kda, None), (flash_kda.autograd_reference, torch.float64)):
-            leaves = [a.detach().to(dt or a.dtype).requires_grad_() for a in args[:5]]
-            kws = dict(kw, **{n: kw[n].detach().to(dt or kw[n].dtype).requires_grad_() for n in extra})
-            try:
-                o, ht = fn(*leaves, *args[5:], **kws)
-            except flash_kda.Error:
-                break  # a call the backward does not serve (named error): nothing to sanitize
-            gen = torch.Generator(device=dev).manual_seed(11)
-            do = torch.randn(o.shape, generator=gen, device=dev)
-            loss = (o.double() * do.double()).sum()
-            if ht is not None:
-                loss = loss + (ht.double() * torch.randn(ht.shape, generator=gen, device=dev).double()).sum()
-            grads.append(torch.autograd.grad(loss, leaves + [kws[n] for n in extra]))
-        torch.cuda.synchronize()
-        if len(grads) == 2:
-            wrong += not judge_errors(f"chunk_kda backward {case.name}",
-                                      [rel_err(a, b.detach().cpu().numpy()) for a, b in zip(*grads)])
+    for case in [dataclasses.replace(c, seqlen=min(c.seqlen, 40)) for c in shard_cases(CASES, shard)]:
+        wrong += check_backward_case(torch, case, dev)
     return wrong
+
+
+def run_chain_segment_cases(torch) -> int:
+    """One backward of 4096 tokens and one head (chunk_kda's "safe" case), whose reverse chain
+    runs in eight segments of 32 chunks: its map, scan and finish launches. Returns 1 on a wrong
+    result."""
+    import dataclasses
+
+    from chunk_cases import CASES
+
+    case = dataclasses.replace(CASES[0], name="san_chain_segments_T4096_H1", seqlen=4096, batch=1, heads=1)
+    return check_backward_case(torch, case, torch.device("cuda"))
+
+
+def check_backward_case(torch, case, dev) -> int:
+    """chunk_kda's gradients of `case` against autograd through the fp64 yardstick (judge_errors);
+    1 on a wrong result, 0 otherwise or where the backward does not serve the call."""
+    import flash_kda
+    from chunk_cases import make_call, rel_err
+
+    args, kw, real = make_call(case, dev)
+    if kw.get("cu_seqlens") is not None and real != args[0].shape[1]:
+        return 0  # use_graph padding rows: the training path takes exact batches
+    extra = [n for n in ("A_log", "dt_bias", "initial_state") if kw.get(n) is not None
+             and (n == "initial_state" or kw.get("use_gate_in_kernel"))]
+    grads = []
+    for fn, dt in ((flash_kda.chunk_kda, None), (flash_kda.autograd_reference, torch.float64)):
+        leaves = [a.detach().to(dt or a.dtype).requires_grad_() for a in args[:5]]
+        kws = dict(kw, **{n: kw[n].detach().to(dt or kw[n].dtype).requires_grad_() for n in extra})
+        try:
+            o, ht = fn(*leaves, *args[5:], **kws)
+        except flash_kda.Error:
+            break  # a call the backward does not serve (named error): nothing to sanitize
+        gen = torch.Generator(device=dev).manual_seed(11)
+        do = torch.randn(o.shape, generator=gen, device=dev)
+        loss = (o.double() * do.double()).sum()
+        if ht is not None:
+            loss = loss + (ht.double() * torch.randn(ht.shape, generator=gen, device=dev).double()).sum()
+        grads.append(torch.autograd.grad(loss, leaves + [kws[n] for n in extra]))
+    torch.cuda.synchronize()
+    if len(grads) == 2:
+        return int(not judge_errors(f"chunk_kda backward {case.name}",
+                                    [rel_err(a, b.detach().cpu().numpy()) for a, b in zip(*grads)]))
+    return 0
 
 
 def run_cases(parts=PARTS, shard: tuple[int, int] = (0, 1)) -> int:
@@ -230,6 +254,8 @@ def run_cases(parts=PARTS, shard: tuple[int, int] = (0, 1)) -> int:
         failures += run_decode_cases(torch)
     if "backward" in parts:
         failures += run_backward_cases(torch, shard)
+    if "chain-segments" in parts:
+        failures += run_chain_segment_cases(torch)
     print(DONE_MARK if failures == 0 else f"sanitize: {failures} case(s) gave wrong results", flush=True)
     return 1 if failures else 0
 
@@ -362,18 +388,29 @@ def main() -> int:
         return 2
     os.makedirs(args.log_dir, exist_ok=True)
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", CUDA_MODULE_LOADING="LAZY")
-    procs = {}
+    # One sanitized process per tool, but the chain-segments case gets its own, which
+    # instruments only SEGMENT_KERNELS.
+    specs = []
     for tool in args.tool or TOOLS:
-        log_path = os.path.join(args.log_dir, f"sanitize-{tool}{suffix}.log")
+        parts = args.parts
+        if "chain-segments" in parts and len(parts) > 1:
+            parts = tuple(x for x in parts if x != "chain-segments")
+            specs.append((tool, ("chain-segments",), "-chain-segments"))
+        specs.append((tool, parts, suffix))
+    procs = {}
+    for tool, parts, sfx in specs:
+        log_path = os.path.join(args.log_dir, f"sanitize-{tool}{sfx}.log")
         cmd = [sanitizer, "--tool", tool, "--error-exitcode", "86", "--print-limit", "100"]
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
-        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases", "--parts", ",".join(args.parts),
+        if parts == ("chain-segments",):
+            cmd += ["--kernel-name", SEGMENT_KERNELS]
+        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases", "--parts", ",".join(parts),
                 "--shard", "/".join(map(str, args.shard))]
         log = open(log_path, "w")
-        # Both tools at once: each is bound by one process's instrumented launches, not the GPU.
-        procs[tool] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, log_path,
-                       time.monotonic())
+        # The tools at once: each is bound by one process's instrumented launches, not the GPU.
+        procs[tool + sfx] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, log_path,
+                             time.monotonic())
 
     # A caller's own limit (timeout(1) in gpu-check's steps) sends SIGTERM: the tools still
     # running are then stopped as at --timeout, and each still gets its verdict line.
@@ -387,15 +424,16 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     status = 0
-    for tool, (proc, log, log_path, t0) in procs.items():
+    for name, (proc, log, log_path, t0) in procs.items():
+        tool = name.split("-", 1)[0]
         try:
             rc = proc.wait(timeout=max(1.0, args.timeout - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = proc.wait()
-            print(f"sanitize: {tool}{suffix}: timed out after {args.timeout:.0f} s", flush=True)
+            print(f"sanitize: {name}: timed out after {args.timeout:.0f} s", flush=True)
         if stopped and rc == -signal.SIGKILL:
-            print(f"sanitize: {tool}{suffix}: stopped by SIGTERM after {time.monotonic() - t0:.0f} s", flush=True)
+            print(f"sanitize: {name}: stopped by SIGTERM after {time.monotonic() - t0:.0f} s", flush=True)
         log.close()
         text = open(log_path, errors="replace").read()
         errors = _summary_errors(tool, text)
@@ -403,7 +441,7 @@ def main() -> int:
         ok = rc == 0 and errors == 0 and ran
         if not ok:
             status = max(status, 2 if "cannot run" in text else 1)
-        print(f"sanitize: {tool}{suffix}: {'PASS' if ok else 'FAIL'} (exit {rc}, errors {errors}, "
+        print(f"sanitize: {name}: {'PASS' if ok else 'FAIL'} (exit {rc}, errors {errors}, "
               f"cases {'ran' if ran else 'did not all run'}; {time.monotonic() - t0:.0f} s; log {log_path})")
         if not ok:
             print("\n".join(text.splitlines()[-30:]))

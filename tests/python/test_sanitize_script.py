@@ -56,6 +56,7 @@ FAKE_SANITIZER = """import sys
 # compute-sanitizer --tool T ... python sanitize.py --run-cases ...: record the sanitized command
 # and end as a clean run of every case would.
 tool = sys.argv[sys.argv.index("--tool") + 1]
+print("sanitizer argv:", " ".join(sys.argv[1:sys.argv.index("--run-cases")]))
 print("child argv:", " ".join(sys.argv[sys.argv.index("--run-cases"):]))
 print("sanitize: all cases ran")
 print("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" if tool == "racecheck"
@@ -94,6 +95,12 @@ def test_all_cases_by_default_under_the_plain_log_names(tmp_path):
         assert f"sanitize: {tool}: PASS" in res.stdout
         log = (tmp_path / "logs" / f"sanitize-{tool}.log").read_text()
         assert "child argv: --run-cases --parts forward,decode,backward --shard 0/1" in log
+        assert "--kernel-name" not in log
+        # The chain-segments case in a process of its own, instrumenting only its kernels.
+        assert f"sanitize: {tool}-chain-segments: PASS" in res.stdout
+        log = (tmp_path / "logs" / f"sanitize-{tool}-chain-segments.log").read_text()
+        assert "child argv: --run-cases --parts chain-segments --shard 0/1" in log
+        assert f"--kernel-name {sanitize.SEGMENT_KERNELS}" in log
 
 
 def test_a_sigterm_stops_the_tools_and_still_reports_each(tmp_path):
@@ -117,9 +124,10 @@ def test_run_cases_runs_the_parts_in_order_and_sums_their_failures(monkeypatch, 
     monkeypatch.setattr(sanitize, "run_forward_cases", lambda torch: calls.append("forward") or 1)
     monkeypatch.setattr(sanitize, "run_decode_cases", lambda torch: calls.append("decode") or 0)
     monkeypatch.setattr(sanitize, "run_backward_cases", lambda torch, shard: calls.append(("backward", shard)) or 2)
+    monkeypatch.setattr(sanitize, "run_chain_segment_cases", lambda torch: calls.append("chain-segments") or 1)
     assert sanitize.run_cases() == 1
-    assert calls == ["forward", "decode", ("backward", (0, 1))]
-    assert "sanitize: 3 case(s) gave wrong results" in capsys.readouterr().out
+    assert calls == ["forward", "decode", ("backward", (0, 1)), "chain-segments"]
+    assert "sanitize: 4 case(s) gave wrong results" in capsys.readouterr().out
     calls.clear()
     monkeypatch.setattr(sanitize, "run_forward_cases", lambda torch: calls.append("forward") or 0)
     monkeypatch.setattr(sanitize, "run_backward_cases", lambda torch, shard: calls.append(("backward", shard)) or 0)
