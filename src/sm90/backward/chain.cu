@@ -45,9 +45,9 @@
 #include "sm90/common/bf16.cuh"
 #include "sm90/common/launch_config.h"
 #include "sm90/common/ptx.cuh"
-#include "sm90/forward/kernel_shapes.h"
 #include "sm90/forward/kernels.h"
 #include "sm90/forward/params.h"
+#include "sm90/forward/plan.h"
 
 namespace flash_kda::sm90::bwd {
 namespace {
@@ -399,13 +399,7 @@ cudaError_t launch_chain(const BackwardParams& p, uint64_t context_key, cudaStre
   sp.initial_state = p.d_final_state;
   sp.initial_is_f32 = p.d_final_is_f32;
   sp.state_k_first = p.state_k_first;
-  KernelLaunch scan;
-  scan.grid_x = unsigned(p.seqs.num_seqs);
-  scan.grid_y = unsigned(p.value_heads);
-  scan.grid_z = kHeadDim / kScanRows;
-  scan.block = kScanThreads;
-  scan.smem_bytes = scan.smem_attr = kScanSmemBytes;
-  e = launch_segment_scan(sp, scan, context_key, stream);
+  e = launch_segment_scan(sp, segment_scan_launch(p.seqs.num_seqs, p.value_heads), context_key, stream);
   if (e != cudaSuccess) return e;
   return launch_pass<ChainPass::Finish>(p, S, context_key, stream);
 }

@@ -255,12 +255,7 @@ Plan make_plan(const PlanInput& in, const WorkspaceLayout& at) {
     const uint64_t cb = recurrence_column_blocks(kSegmentWarps);
     plan.segment_maps = recurrence_launch(gx, HV, 2 * cb, kSegmentWarps, false, true, plan, reservations);
     plan.segment_finish = recurrence_launch(gx, HV, cb, kSegmentWarps, false, false, plan, reservations);
-    KernelLaunch& scan = plan.segment_scan;
-    scan.grid_x = static_cast<uint32_t>(p.num_seqs);
-    scan.grid_y = static_cast<uint32_t>(HV);
-    scan.grid_z = kHeadDim / kScanRows;
-    scan.block = kScanThreads;
-    scan.smem_bytes = scan.smem_attr = kScanSmemBytes;
+    plan.segment_scan = segment_scan_launch(p.num_seqs, p.value_heads);
     return plan;
   }
   // Window pass: block x takes the x-th sequence overlapping the window (each owns >= 1 slot,
@@ -277,6 +272,16 @@ Plan make_plan(const PlanInput& in, const WorkspaceLayout& at) {
 // plan's on every call (allow_dynamic_smem keeps the first).
 static_assert(InterStaging<8>::kSmemBytes <= kExclusiveBytes && InterStaging<4>::kSmemBytes <= kExclusiveBytes,
               "the staged intermediate-state store fits the state passes' reservation");
+
+KernelLaunch segment_scan_launch(int64_t num_seqs, int64_t value_heads) {
+  KernelLaunch scan;
+  scan.grid_x = static_cast<uint32_t>(num_seqs);
+  scan.grid_y = static_cast<uint32_t>(value_heads);
+  scan.grid_z = kHeadDim / kScanRows;
+  scan.block = kScanThreads;
+  scan.smem_bytes = scan.smem_attr = kScanSmemBytes;
+  return scan;
+}
 
 KernelLaunch inter_states_launch(const KernelLaunch& k, int warps) {
   const int bytes = warps == 4 ? InterStaging<4>::kSmemBytes : InterStaging<8>::kSmemBytes;

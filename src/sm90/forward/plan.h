@@ -100,6 +100,11 @@ void validate_device_options(const LaunchOptions& options, const DeviceProps& de
 /// InterStaging), all else as planned.
 KernelLaunch inter_states_launch(const KernelLaunch& k, int warps);
 
+/// The segment scan's launch (segment_scan.cu) for `num_seqs` sequences of `value_heads` heads:
+/// one block per (sequence, value head, kScanRows rows of the state). The forward's segments
+/// and the backward's chain segments both take it.
+KernelLaunch segment_scan_launch(int64_t num_seqs, int64_t value_heads);
+
 struct PrepareParams;
 /// Whether a call whose parameter block `p` is filled (but for flashkda_flags and row_form)
 /// has FlashKDA's flags: the safe gate with A_log and dt_bias, the L2 norm, b = sigmoid(beta)
