@@ -3,7 +3,9 @@
 
 Variants (the forward; chunk_kda's with its backward; the decode): fixed length (T = 1, T < 16, T off the 16-token grid), varlen with zero-length and
 1-token sequences (int64 and int32 cu_seqlens), states none / bf16 / fp32, final state without
-initial state, and the in-place state update. Each case is also checked against the fp64
+initial state, and the in-place state update; and one 4096-token backward whose reverse chain
+runs in segments (the chain-segments part, in a sanitized process of its own that instruments
+only the chain's passes and the segment scan). Each case is also checked against the fp64
 reference (relative Frobenius error <= 1e-2), so a case that silently did nothing fails too.
 
 Tools: memcheck (out-of-bounds and misaligned global/shared accesses, launch errors) and
@@ -396,7 +398,8 @@ def main() -> int:
         if "chain-segments" in parts and len(parts) > 1:
             parts = tuple(x for x in parts if x != "chain-segments")
             specs.append((tool, ("chain-segments",), "-chain-segments"))
-        specs.append((tool, parts, suffix))
+        # The rest keeps the plain names when it is everything else, else its own subset's name.
+        specs.append((tool, parts, suffix if args.parts == PARTS else _log_suffix(parts, args.shard)))
     procs = {}
     for tool, parts, sfx in specs:
         log_path = os.path.join(args.log_dir, f"sanitize-{tool}{sfx}.log")

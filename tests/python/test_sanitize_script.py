@@ -103,6 +103,17 @@ def test_all_cases_by_default_under_the_plain_log_names(tmp_path):
         assert "--kernel-name kns=chain_kernel --kernel-name kns=segment_scan_kernel" in log
 
 
+def test_a_subset_with_the_segment_case_names_each_process_after_its_own_cases(tmp_path):
+    res = _run_with_fake_sanitizer(tmp_path, "--tool", "racecheck", "--parts", "forward,decode,chain-segments")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "sanitize: racecheck-forward+decode: PASS" in res.stdout
+    assert "sanitize: racecheck-chain-segments: PASS" in res.stdout
+    log = (tmp_path / "logs" / "sanitize-racecheck-forward+decode.log").read_text()
+    assert "child argv: --run-cases --parts forward,decode --shard 0/1" in log and "--kernel-name" not in log
+    log = (tmp_path / "logs" / "sanitize-racecheck-chain-segments.log").read_text()
+    assert "child argv: --run-cases --parts chain-segments --shard 0/1" in log
+
+
 def test_a_sigterm_stops_the_tools_and_still_reports_each(tmp_path):
     env = _fake_sanitizer_env(tmp_path, "import time\ntime.sleep(60)\n")  # a tool that outlasts its caller
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--log-dir", str(tmp_path / "logs")],

@@ -62,7 +62,8 @@ struct ChainSegments {
 /// chain 1.02 -> 1.13 ms on the H200; h8_fixed_32768's 8 took it 4.03 -> 2.21 ms,
 /// h4_fixed_65536's 16 8.59 -> 2.27 ms). A segment of fewer than 32 chunks leaves the scan's
 /// ~4 us a segment a large share. Fixed-length batches and single sequences only (one count
-/// fits every sequence), like recompute_options.
+/// fits every sequence), like recompute_options; sized for the 132-SM part like it, so on a
+/// part with fewer SMs the segments' blocks take more waves.
 inline ChainSegments chain_segments(const ProblemShape& p) {
   ChainSegments c;
   if (p.varlen && p.num_seqs > 1) return c;
