@@ -387,7 +387,13 @@ if [[ -n ${OUT:-} ]]; then
     done
   fi
   # fla's autotune choices from the benchmark (small JSON files; the compiled kernels are
-  # tens of MB): carried back in .triton-cache/, they spare the next machine the tuning.
+  # tens of MB): carried back in .triton-cache/, they spare the next machine the tuning. The
+  # pytest steps tuned in their own copy of the cache (/tmp/gpu-check-triton: fla's backward for
+  # each grid shape, the slowest tuning of all), so their choices join the cache first.
+  if [[ -d /tmp/gpu-check-triton ]]; then
+    (cd /tmp/gpu-check-triton && find . -name '*.autotune.json' -print0 |
+      xargs -0 -r cp --parents -n -t "$TRITON_CACHE_DIR") 2>/dev/null
+  fi
   (cd "$(dirname "$TRITON_CACHE_DIR")" && find "$(basename "$TRITON_CACHE_DIR")" -name '*.autotune.json' -print0 |
     tar czf "$OUT/triton-autotune.tgz" --null -T -) 2>/dev/null
 fi
