@@ -174,9 +174,8 @@ __device__ __forceinline__ void for_each_frag(F&& f) {
 // sequence from d_final_state, storing dS before every step, then d_initial_state. With
 // segments (layout.h chain_segments), Finish does the same over one segment, from the scan's
 // dS at the segment's end (chain_ends), and only segment 0 writes d_initial_state. Without d
-// out, each step is the
-// linear map dS <- A_c dS, A_c = diag(eg) - kd^T diag(b) Tinv^T kr, and d out adds
-// B_c(dO_c) to it; a segment's dS at its start is then T_s dS_end + I_s with the transition map
+// out, each step is the linear map dS <- A_c dS, A_c = diag(eg) - kd^T diag(b) Tinv^T kr, and d
+// out adds B_c(dO_c) to it; a segment's dS at its start is then T_s dS_end + I_s with the transition map
 // T_s = A_lo .. A_hi-1 and the input map I_s (dS_end = 0). TransitionMap walks the segment from
 // the identity (the slice's 32 columns of it) without d out, InputMap from zero with it; both
 // store no dS and leave their end, transposed, in chain_maps, where the forward's segment scan
@@ -205,8 +204,8 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(BackwardParams p) {
   const auto state_at = [&](int mt, int nt, int r) { return slice + state_elem(p.state_k_first, chan(nt, r), col(mt, r)); };
   // Element (channel, column) of a transposed [V][K] state of the scan's buffers.
   const auto scan_at = [&](int mt, int nt, int r) { return state_elem(false, chan(nt, r), col(mt, r)); };
-  // The start state, before the sequence's span is read where the pass does not need it for
-  // the start (Whole: ptxas then keeps the step loop as it compiles without segments).
+  // The start state. Whole reads it before the sequence's span, as it needs no span for it:
+  // with the span first, ptxas schedules the step loop 12 instructions longer.
   FragC ds[2][2];
   const auto load_start = [&](int64_t scan_index) {
     for_each_frag([&](int mt, int nt, int r) {

@@ -58,9 +58,10 @@ struct ChainSegments {
 /// 1 .. S - 1 (two launches), the forward's segment scan for every segment's end, then each
 /// segment from its end. That is ~2.7 whole steps per segment step at two blocks an SM (the
 /// transition map's steps, without d out, cost ~0.7 of one), so it pays from S ~5 on: S =
-/// min(2 kMaxSms / blocks, chunks / 32, 16), taken when S >= 8 (h16_fixed_8192's S = 4 made its
-/// chain 1.02 -> 1.13 ms on the H200; h8_fixed_32768's 8 took it 4.03 -> 2.21 ms,
-/// h4_fixed_65536's 16 8.59 -> 2.27 ms). A segment of fewer than 32 chunks leaves the scan's
+/// min(2 kMaxSms / blocks, chunks / 32, 16), taken when S >= 8 (on the H200 the chain takes
+/// 1.13 ms in 4 segments at h16_fixed_8192 against the whole walk's 1.02, 2.24 in 8 at
+/// h8_fixed_32768 against 4.03, 2.27 in 16 at h4_fixed_65536 against 8.59; docs/performance.md
+/// "Backward"). A segment of fewer than 32 chunks leaves the scan's
 /// ~4 us a segment a large share. Fixed-length batches and single sequences only (one count
 /// fits every sequence), like recompute_options; sized for the 132-SM part like it, so on a
 /// part with fewer SMs the segments' blocks take more waves.
