@@ -241,6 +241,15 @@ TEST(Sm90Plan, BlockWidthAndReservations) {
   EXPECT_FALSE(seg.segment_scan.dependent);
   EXPECT_EQ(seg.segment_scan.grid_z, 8u);
   EXPECT_EQ(seg.segment_scan.block, 256u);
+  // The backward's chain segments launch the same scan shape (segment_scan_launch).
+  const flash_kda::sm90::KernelLaunch scan = flash_kda::sm90::segment_scan_launch(1, 4);
+  EXPECT_EQ(scan.grid_x, seg.segment_scan.grid_x);
+  EXPECT_EQ(scan.grid_y, seg.segment_scan.grid_y);
+  EXPECT_EQ(scan.grid_z, seg.segment_scan.grid_z);
+  EXPECT_EQ(scan.block, seg.segment_scan.block);
+  EXPECT_EQ(scan.smem_bytes, seg.segment_scan.smem_bytes);
+  EXPECT_EQ(scan.smem_attr, seg.segment_scan.smem_attr);
+  EXPECT_EQ(scan.grid_y, 4u);
   EXPECT_EQ(seg.segment_finish.smem_bytes, 116 * 1024);  // 64 blocks: one wave
   EXPECT_EQ(seg.segment_maps.smem_bytes, 116 * 1024);    // 128 blocks: one wave on 132
   EXPECT_EQ(plan_for(shape(1, 65536, 4), 114).segment_maps.smem_bytes,
