@@ -413,8 +413,8 @@ def main() -> int:
                 "--shard", "/".join(map(str, args.shard))]
         log = open(log_path, "w")
         # The tools at once: each is bound by one process's instrumented launches, not the GPU.
-        procs[tool + sfx] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, log_path,
-                             time.monotonic())
+        procs[tool + sfx] = (tool, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log,
+                             log_path, time.monotonic())
 
     # A caller's own limit (timeout(1) in gpu-check's steps) sends SIGTERM: the tools still
     # running are then stopped as at --timeout, and each still gets its verdict line.
@@ -422,14 +422,13 @@ def main() -> int:
 
     def on_term(signum, frame):
         stopped.append(signum)
-        for proc, *_ in procs.values():
+        for _, proc, *_ in procs.values():
             if proc.poll() is None:
                 proc.kill()
 
     signal.signal(signal.SIGTERM, on_term)
     status = 0
-    for name, (proc, log, log_path, t0) in procs.items():
-        tool = name.split("-", 1)[0]
+    for name, (tool, proc, log, log_path, t0) in procs.items():
         try:
             rc = proc.wait(timeout=max(1.0, args.timeout - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:

@@ -23,6 +23,11 @@ GRAD_BOUND = 2e-2
 #: have their own test below, against contiguous copies of the same values).
 TRAINED = [c for c in CASES if c.name in ("safe", "safe_no_A_log", "softplus", "pre_gated", "gva", "k_first",
                                           "mixed_states_bf16_initial")]
+#: Few heads and long sequences: the backward's reverse chain runs in segments (its transition
+#: and input maps, the segment scan, each segment from its end; src/sm90/backward/layout.h
+#: chain_segments: 8 segments of 32 chunks here), which shorter cases never take.
+CHAIN_SEGMENTS = [dataclasses.replace(c, name=c.name + "_T4096_H2_chain_segments", seqlen=4096, batch=1, heads=2)
+                  for c in CASES if c.name in ("safe", "k_first", "mixed_states_bf16_initial")]
 NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
 
 
@@ -53,7 +58,7 @@ def _step(fn, args, kw, seed=7):
     return dict(zip(leaves, grads))
 
 
-@pytest.mark.parametrize("case", TRAINED, ids=[c.name for c in TRAINED])
+@pytest.mark.parametrize("case", TRAINED + CHAIN_SEGMENTS, ids=[c.name for c in TRAINED + CHAIN_SEGMENTS])
 def test_gradients_match_the_fp64_reference(cuda_sm90, case):
     import torch
 
@@ -73,18 +78,6 @@ def test_gradients_match_the_fp64_reference(cuda_sm90, case):
         err = float(torch.linalg.vector_norm((g.double().cpu() - ref[name]).flatten())
                     / torch.linalg.vector_norm(ref[name].flatten()))
         assert err <= GRAD_BOUND, f"{case.name}: d{name} error {err:.3e}"
-
-
-#: Few heads and long sequences: the backward's reverse chain runs in segments (its transition
-#: and input maps, the segment scan, each segment from its end; src/sm90/backward/layout.h
-#: chain_segments: 8 segments of 32 chunks here), which shorter cases never take.
-CHAIN_SEGMENTS = [dataclasses.replace(c, name=c.name + "_T4096_H2_chain_segments", seqlen=4096, batch=1, heads=2)
-                  for c in CASES if c.name in ("safe", "k_first", "mixed_states_bf16_initial")]
-
-
-@pytest.mark.parametrize("case", CHAIN_SEGMENTS, ids=[c.name for c in CHAIN_SEGMENTS])
-def test_segmented_chain_gradients_match_the_fp64_reference(cuda_sm90, case):
-    test_gradients_match_the_fp64_reference(cuda_sm90, case)
 
 
 def test_compiled_training_equals_eager_and_is_deterministic(cuda_sm90):
